@@ -1,0 +1,196 @@
+"""The cluster-provider interface (DESIGN §5).
+
+A provider provisions nodes, launches one torchrun per node for a job, streams
+its logs, waits with a timeout, and always tears down. Commands are argument
+lists, never shell strings built from input.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+
+class ProviderError(RuntimeError):
+    """A provider could not provision, launch or tear down."""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    address: str
+
+
+@dataclass
+class Job:
+    """A distributed job: `python -m module *args` on `world_size` ranks."""
+
+    module: str
+    args: list[str]
+    world_size: int
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    duration_s: float
+    log_path: Path
+    failed_ranks: list[dict] = field(default_factory=list)
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def describe_failure(self) -> str:
+        if self.timed_out:
+            return f"the job ran past its timeout and was killed (log: {self.log_path})"
+        if self.failed_ranks:
+            parts = [f"rank {f['rank']} exited with {f['exitcode']}" + (f" ({f['signal']})" if f.get("signal") else "")
+                     for f in self.failed_ranks]
+            return "; ".join(parts) + f" (log: {self.log_path})"
+        return f"the job exited with status {self.returncode} (log: {self.log_path})"
+
+
+def failed_ranks_from_log(text: str) -> list[dict]:
+    """torchrun's failure summary names each failed rank and its exit code."""
+    marker = text.rfind("Root Cause")
+    section = text[marker:] if marker >= 0 else ""
+    out = []
+    for m in re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\)\s*\n\s*exitcode\s*:\s*(-?\d+)", section):
+        rank, code = int(m.group(1)), int(m.group(2))
+        info = {"rank": rank, "exitcode": code}
+        if code < 0:
+            try:
+                info["signal"] = signal.Signals(-code).name
+            except ValueError:
+                pass
+        out.append(info)
+    return out
+
+
+def torchrun_argv(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
+                  master_addr: str | None = None, master_port: int | None = None) -> list[str]:
+    """The torchrun part of a command line: standalone on one node, static rendezvous otherwise."""
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
+            "--max-restarts=0", "--monitor-interval=0.2"]
+    if nnodes == 1 and master_addr is None:
+        return argv + ["--standalone", "--nnodes=1"]
+    return argv + [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
+                   f"--master-port={master_port}"]
+
+
+def stream_process(proc: subprocess.Popen, log: IO[str], echo: bool) -> threading.Thread:
+    """Copy a process's merged output to the log (and our stdout) line by line."""
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            if echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    return t
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group (torchrun forwards it to the ranks), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace_s)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: Path,
+                  timeout_s: float | None, echo: bool = True) -> JobResult:
+    """Start one process group per argv, wait for all, kill all on the first failure or timeout."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    procs: list[subprocess.Popen] = []
+    with open(log_path, "w") as log:
+        pumps = []
+        try:
+            for argv, env in zip(argvs, envs, strict=True):
+                p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+                procs.append(p)
+                pumps.append(stream_process(p, log, echo))
+            timed_out = False
+            while any(p.poll() is None for p in procs):
+                if any(p.poll() not in (None, 0) for p in procs):
+                    break
+                if timeout_s is not None and time.monotonic() - start > timeout_s:
+                    timed_out = True
+                    break
+                time.sleep(0.1)
+        finally:
+            for p in procs:
+                kill_group(p)
+            for t in pumps:
+                t.join(5)
+    codes = [p.returncode for p in procs]
+    rc = next((c for c in codes if c != 0), 0)
+    if timed_out and rc == 0:
+        rc = 124
+    text = log_path.read_text(errors="replace")
+    return JobResult(rc, time.monotonic() - start, log_path, failed_ranks_from_log(text) if rc else [], timed_out)
+
+
+class Provider(ABC):
+    """Provision nodes, run jobs on them, always tear down (use as a context manager)."""
+
+    name: str = "provider"
+
+    @abstractmethod
+    def provision(self) -> list[Node]: ...
+
+    @abstractmethod
+    def run(self, job: Job, echo: bool = True) -> JobResult: ...
+
+    @abstractmethod
+    def teardown(self) -> None: ...
+
+    def __enter__(self) -> Provider:
+        try:
+            self.provision()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+
+def base_env(threads: int = 1) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env

@@ -1,0 +1,25 @@
+"""The `local` provider: every rank on this host, `torchrun --standalone`."""
+
+from __future__ import annotations
+
+import platform
+
+from infra.base import Job, JobResult, Node, Provider, base_env, run_processes, torchrun_argv
+
+
+class LocalProvider(Provider):
+    name = "local"
+
+    def __init__(self, threads_per_process: int = 1) -> None:
+        self.threads = threads_per_process
+
+    def provision(self) -> list[Node]:
+        return [Node(platform.node() or "localhost", "127.0.0.1")]
+
+    def run(self, job: Job, echo: bool = True) -> JobResult:
+        argv = torchrun_argv(job.world_size) + ["-m", job.module, *job.args]
+        env = base_env(self.threads) | job.env
+        return run_processes([argv], [env], job.log_path, job.timeout_s, echo)
+
+    def teardown(self) -> None:
+        """Nothing to release: run_processes already reaped every process group."""

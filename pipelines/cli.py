@@ -1,0 +1,106 @@
+"""The `ddlbench` command line.
+
+`ddlbench train` takes its options straight from `training.config.TrainConfig`:
+one definition feeds validation, the help text and the YAML loader.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic.fields import FieldInfo
+
+from training.config import ConfigError, TrainConfig, load_yaml
+
+
+def _unwrap(annotation: Any) -> Any:
+    """`X | None` -> X."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0]
+    return annotation
+
+
+def _shape(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(int(v) for v in value.replace("x", ",").split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected C,H,W such as 3,32,32, got {value!r}") from None
+
+
+def _option_for(name: str, field: FieldInfo) -> click.Option:
+    flag = "--" + name.replace("_", "-")
+    typ = _unwrap(field.annotation)
+    default = field.default if not isinstance(field.default, enum.Enum) else field.default.value
+    help_text = f"{field.description} [default: {default}]"
+    if typ is bool:
+        return click.Option([f"{flag}/--no-{flag[2:]}", name], default=None, help=help_text)
+    if isinstance(typ, type) and issubclass(typ, enum.Enum):
+        return click.Option([flag, name], type=click.Choice([e.value for e in typ]), default=None,
+                            help=help_text)
+    if typing.get_origin(typ) is tuple:
+        return click.Option([flag, name], type=str, default=None, help=help_text + " (C,H,W)",
+                            callback=lambda _c, _p, v: _shape(v))
+    click_type = {int: int, float: float, str: str, Path: click.Path(path_type=Path)}.get(typ, str)
+    return click.Option([flag, name], type=click_type, default=None, help=help_text)
+
+
+def config_values(config_file: Path | None, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """YAML values overridden by the options given on the command line."""
+    values = load_yaml(config_file) if config_file else {}
+    values |= {k: v for k, v in options.items() if v is not None}
+    return values, str(config_file) if config_file else "option"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """ddlbench: benchmark, profile and predict distributed data-parallel training."""
+
+
+def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, **options: Any) -> None:
+    from infra import get_provider
+    from pipelines.launch import JobFailed, launch, prepare
+    from pipelines.report_console import print_summary
+
+    try:
+        values, source = config_values(config, options)
+        cfg = prepare(values, source)
+    except ConfigError as err:
+        raise click.UsageError(str(err)) from None
+    try:
+        summary = launch(cfg, out, get_provider("local", threads_per_process=cfg.threads),
+                         timeout_s=timeout, echo=not quiet)
+    except JobFailed as err:
+        click.echo(f"ddlbench train: failed: {err}", err=True)
+        sys.exit(1)
+    print_summary(summary, out)
+
+
+train = click.Command(
+    "train",
+    callback=_train,
+    help="Run one distributed training job on this host (torchrun, the local provider).",
+    params=[
+        click.Option(["--config", "config"], type=click.Path(path_type=Path), default=None,
+                     help="YAML file of options; options given here override it."),
+        click.Option(["--out", "out"], type=click.Path(path_type=Path), required=True,
+                     help="Output directory: summary.json, metrics.jsonl, timeline.jsonl, trace.json."),
+        click.Option(["--timeout", "timeout"], type=float, default=None,
+                     help="Kill the whole job after this many seconds."),
+        click.Option(["--quiet", "quiet"], is_flag=True, help="Do not echo the ranks' output."),
+        *(_option_for(name, f) for name, f in TrainConfig.model_fields.items()),
+    ],
+)
+cli.add_command(train)
+
+
+def main() -> None:
+    cli()

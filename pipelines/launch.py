@@ -1,0 +1,66 @@
+"""Validate a training job completely, then launch it through a provider.
+
+Everything that can be checked without starting ranks is checked here, so bad
+input fails before any process starts, with a message naming the option.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra import Job, JobResult, Provider
+from training.config import ConfigError, TrainConfig, build_config
+
+
+class JobFailed(RuntimeError):
+    def __init__(self, result: JobResult) -> None:
+        super().__init__(result.describe_failure())
+        self.result = result
+
+
+def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
+    """A validated config whose model, dataset and shapes are known to work."""
+    cfg = build_config(values, source)
+    from training.datasets import check_dataset
+    from training.models import check_model_name
+
+    try:
+        check_model_name(cfg.model)
+        check_dataset(cfg)
+        _check_model_builds(cfg)
+    except ValueError as err:
+        raise ConfigError(f"{source}.{err}") from None
+    return cfg
+
+
+def _check_model_builds(cfg: TrainConfig) -> None:
+    import torch
+
+    from training.models import build_model
+    from training.trainer import resolve_input_shape
+
+    shape = resolve_input_shape(cfg)
+    with torch.device("meta"):
+        try:
+            model = build_model(cfg.model, shape, cfg.num_classes or 10)
+            model(torch.zeros(1, *shape))
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(f"input_shape: {cfg.model} cannot take inputs of shape {shape}: {err}") from None
+
+
+def launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | None = None,
+           echo: bool = True) -> dict[str, Any]:
+    """Run the job; return its summary, or raise JobFailed naming the failed ranks."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    for stale in ("summary.json", "timeline.jsonl", "trace.json", "metrics.jsonl"):
+        (out / stale).unlink(missing_ok=True)
+    job = Job(module="training.run", args=[str(out.resolve())], world_size=cfg.world_size,
+              log_path=out / "launcher.log", timeout_s=timeout_s)
+    result = provider.run(job, echo=echo)
+    summary_path = out / "summary.json"
+    if not result.ok or not summary_path.exists():
+        raise JobFailed(result)
+    return json.loads(summary_path.read_text())

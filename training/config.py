@@ -1,0 +1,145 @@
+"""The training job's configuration: one pydantic model, one source of truth.
+
+The same definitions feed validation, the CLI help and the YAML loader. A bad
+value fails here, naming the field, before any process is launched.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Algorithm(StrEnum):
+    ssgd = "ssgd"
+    asgd = "asgd"
+    odsgd = "odsgd"
+
+
+class Comm(StrEnum):
+    allreduce = "allreduce"
+    ps = "ps"
+
+
+class Compensation(StrEnum):
+    none = "none"
+    dc = "dc"
+
+
+class Device(StrEnum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the field."""
+
+
+class TrainConfig(BaseModel):
+    """One distributed training job (DESIGN §2)."""
+
+    model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_assignment=True)
+
+    model: str = Field("lenet5", description="Model name: mlp, lenet5, resnet20 or a torchvision classification builder (resnet50, alexnet, ...).")
+    dataset: str = Field("digits", description="Dataset: synthetic, digits, mnist, cifar10 or imagefolder.")
+    data_root: Path | None = Field(None, description="Local root of mnist, cifar10 or imagefolder data.")
+    download: bool = Field(False, description="Allow torchvision to download mnist/cifar10 into data_root.")
+    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W fed to the model; default: the model's natural shape.")
+    num_classes: int | None = Field(None, ge=2, description="Number of classes; default: the dataset's.")
+    synthetic_samples: int = Field(4096, ge=16, description="Training samples of the synthetic dataset.")
+    algorithm: Algorithm = Field(Algorithm.ssgd, description="Update algorithm: ssgd, asgd or odsgd.")
+    comm: Comm | None = Field(None, description="Communication: allreduce (ssgd only) or ps. Default: allreduce for ssgd, ps otherwise.")
+    workers: int = Field(2, ge=1, le=4096, description="Number of worker processes N.")
+    servers: int = Field(0, ge=0, le=256, description="Parameter-server shards S (comm=ps needs at least 1).")
+    batch_size: int = Field(32, ge=1, description="Per-worker batch size b.")
+    steps: int | None = Field(None, ge=1, description="Training iterations per worker.")
+    epochs: float | None = Field(None, gt=0, description="Epochs over the training split (instead of steps).")
+    lr: float = Field(0.05, gt=0, description="Learning rate of the global optimizer.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="Momentum of the global optimizer.")
+    weight_decay: float = Field(0.0, ge=0, description="Weight decay of the global optimizer.")
+    lr_async: float | None = Field(None, gt=0, description="ASGD server learning rate; default lr / workers.")
+    lr_local: float | None = Field(None, gt=0, description="OD-SGD local learning rate; default lr.")
+    momentum_local: float | None = Field(None, ge=0, lt=1, description="OD-SGD local momentum; default momentum.")
+    warmup_steps: int = Field(0, ge=0, description="OD-SGD: first iterations run as SSGD-PS.")
+    compensation: Compensation = Field(Compensation.none, description="OD-SGD local-update delay compensation: none or dc.")
+    dc_lambda: float = Field(0.04, ge=0, description="Delay-compensation strength lambda.")
+    bucket_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB (ssgd allreduce, overlap on).")
+    overlap: bool = Field(True, description="ssgd allreduce: overlap bucketed allreduce with backward (DDP).")
+    seed: int = Field(0, description="Seed of model init, data order and synthetic data.")
+    device: Device = Field(Device.cpu, description="cpu (gloo) or cuda (NCCL allreduce, pinned-host PS).")
+    measure_warmup: int = Field(2, ge=0, description="Iterations excluded from timing figures.")
+    eval_every: int = Field(0, ge=0, description="Evaluate every K steps (0: only at the end).")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="Accuracy for time_to_accuracy_s.")
+    threads: int = Field(1, ge=1, description="torch threads per process.")
+    timeout_s: float = Field(60.0, gt=0, description="Timeout of every blocking collective or point-to-point op.")
+    link_bandwidth: str | None = Field(None, description="Known link rate recorded with results (e.g. 1gbit).")
+    save_params: bool = Field(False, description="Write the final parameters to params.pt (for checks).")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.comm is None:
+            self.comm = Comm.allreduce if self.algorithm == Algorithm.ssgd else Comm.ps
+        if self.algorithm != Algorithm.ssgd and self.comm != Comm.ps:
+            raise ValueError(f"comm: {self.algorithm.value} runs on a parameter server; use comm=ps, not {self.comm.value}")
+        if self.comm == Comm.ps and self.servers < 1:
+            raise ValueError("servers: comm=ps needs at least 1 parameter-server shard, got 0")
+        if self.comm == Comm.allreduce and self.servers:
+            raise ValueError(f"servers: comm=allreduce uses no parameter server, got {self.servers}")
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("steps/epochs: give exactly one of them")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.workers + self.servers
+
+    @property
+    def effective_lr_async(self) -> float:
+        return self.lr_async if self.lr_async is not None else self.lr / self.workers
+
+    @property
+    def effective_lr_local(self) -> float:
+        return self.lr_local if self.lr_local is not None else self.lr
+
+    @property
+    def effective_momentum_local(self) -> float:
+        return self.momentum_local if self.momentum_local is not None else self.momentum
+
+
+def format_validation_error(err: ValidationError, source: str = "config") -> str:
+    """One line per problem: `source.field: message (got value)`."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) or e["type"] == "value_error" else f" (got {got!r})"
+        lines.append(f"{source}.{loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def build_config(values: dict[str, Any], source: str = "config") -> TrainConfig:
+    """Validate `values` into a TrainConfig, or raise ConfigError naming each bad field."""
+    try:
+        return TrainConfig(**values)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, with errors that name the file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of options, got {type(data).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}

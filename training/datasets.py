@@ -1,0 +1,216 @@
+"""Datasets by name, and the seeded global batch order every worker shares.
+
+A data source hands out batches by index, already adapted (channels, size) to
+the model's input shape. The sampler cuts one seeded permutation per epoch into
+global batches of N*b samples and gives worker k the k-th slice, so N workers
+at batch b see exactly what one process at batch N*b sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+Shape = tuple[int, int, int]
+
+# Held-out split of the bundled digits: fixed, independent of the training seed.
+_DIGITS_TEST_FRACTION = 0.2
+_DIGITS_SPLIT_SEED = 1234
+
+
+def adapt(x: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """Convert a float batch (B,C,H,W) to the model's channels and size."""
+    c, h, w = shape
+    if x.shape[1] != c:
+        if x.shape[1] == 1:
+            x = x.expand(-1, c, -1, -1)
+        elif c == 1:
+            x = x.mean(dim=1, keepdim=True)
+        else:
+            raise ValueError(f"input_shape: cannot map {x.shape[1]} channels to {c}")
+    if tuple(x.shape[2:]) != (h, w):
+        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+    return x.contiguous()
+
+
+class TensorSource:
+    """An in-memory split: images (uint8 or float in [0, 1]) and labels."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, num_classes: int, shape: Shape):
+        self.images, self.labels = images, labels.long()
+        self.num_classes = num_classes
+        self.shape = shape
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.images[indices]
+        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+        return adapt(x, self.shape), self.labels[indices]
+
+
+class ImageFolderSource:
+    """A split read lazily from an image folder (one sub-folder per class)."""
+
+    def __init__(self, root: Path, shape: Shape):
+        import torchvision
+        from torchvision.transforms import v2
+
+        tf = v2.Compose([v2.PILToTensor(), v2.Resize(shape[1:], antialias=True)])
+        self.folder = torchvision.datasets.ImageFolder(str(root), transform=tf)
+        self.labels = torch.tensor(self.folder.targets)
+        self.num_classes = len(self.folder.classes)
+        self.shape = shape
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.stack([self.folder[int(i)][0] for i in indices]).float().div_(255.0)
+        return adapt(x, self.shape), self.labels[indices]
+
+
+def _synthetic(cfg, shape: Shape) -> tuple[TensorSource, TensorSource, Shape]:
+    # A fixed random linear teacher labels the inputs, so the task is learnable.
+    classes = cfg.num_classes or 10
+    g = torch.Generator().manual_seed(cfg.seed + 7919)
+    n_test = max(cfg.synthetic_samples // 8, 16)
+    x = torch.rand(cfg.synthetic_samples + n_test, *shape, generator=g)
+    teacher = torch.randn(x[0].numel(), classes, generator=g)
+    y = (x.flatten(1) - 0.5).matmul(teacher).argmax(dim=1)
+    train = TensorSource(x[n_test:], y[n_test:], classes, shape)
+    return train, TensorSource(x[:n_test], y[:n_test], classes, shape), shape
+
+
+def _digits(cfg, shape: Shape) -> tuple[TensorSource, TensorSource, Shape]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(d.target)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(_DIGITS_SPLIT_SEED))
+    n_test = int(len(y) * _DIGITS_TEST_FRACTION)
+    test, train = order[:n_test], order[n_test:]
+    # Resize once: the whole set is tiny.
+    x = adapt(x, shape)
+    return (
+        TensorSource(x[train], y[train], 10, shape),
+        TensorSource(x[test], y[test], 10, shape),
+        (1, 8, 8),
+    )
+
+
+def _torchvision_split(cfg, cls_name: str) -> Callable[[bool], object]:
+    import torchvision
+
+    cls = getattr(torchvision.datasets, cls_name)
+    root = Path(cfg.data_root) if cfg.data_root else None
+
+    def split(train: bool) -> object:
+        if root is None:
+            raise ValueError(f"data_root: {cfg.dataset} needs a local data root (--data-root)")
+        try:
+            return cls(str(root), train=train, download=cfg.download)
+        except RuntimeError as err:
+            raise ValueError(
+                f"data_root: {cfg.dataset} not found under {root} ({err}); "
+                "put the data there or pass --download"
+            ) from None
+
+    return split
+
+
+def _mnist(cfg, shape: Shape) -> tuple[TensorSource, TensorSource, Shape]:
+    split = _torchvision_split(cfg, "MNIST")
+    tr, te = split(True), split(False)
+    mk = lambda s: TensorSource(s.data.unsqueeze(1), s.targets, 10, shape)  # noqa: E731
+    return mk(tr), mk(te), (1, 28, 28)
+
+
+def _cifar10(cfg, shape: Shape) -> tuple[TensorSource, TensorSource, Shape]:
+    split = _torchvision_split(cfg, "CIFAR10")
+    tr, te = split(True), split(False)
+
+    def mk(s) -> TensorSource:
+        return TensorSource(torch.from_numpy(s.data).permute(0, 3, 1, 2), torch.tensor(s.targets), 10, shape)
+
+    return mk(tr), mk(te), (3, 32, 32)
+
+
+def _imagefolder(cfg, shape: Shape) -> tuple[ImageFolderSource, ImageFolderSource, Shape]:
+    if cfg.data_root is None:
+        raise ValueError("data_root: imagefolder needs a local data root with train/ and val/")
+    root = Path(cfg.data_root)
+    test_dir = next((root / d for d in ("val", "test") if (root / d).is_dir()), None)
+    if not (root / "train").is_dir() or test_dir is None:
+        raise ValueError(f"data_root: {root} must hold train/ and val/ (or test/) class folders")
+    return ImageFolderSource(root / "train", shape), ImageFolderSource(test_dir, shape), (3, *shape[1:])
+
+
+DATASETS = {
+    "synthetic": _synthetic,
+    "digits": _digits,
+    "mnist": _mnist,
+    "cifar10": _cifar10,
+    "imagefolder": _imagefolder,
+}
+_NATIVE_SHAPE: dict[str, Shape] = {
+    "digits": (1, 8, 8),
+    "mnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+    "synthetic": (3, 32, 32),
+    "imagefolder": (3, 224, 224),
+}
+
+
+def native_shape(name: str) -> Shape:
+    if name not in DATASETS:
+        raise ValueError(f"dataset: unknown dataset {name!r}; use one of {', '.join(DATASETS)}")
+    return _NATIVE_SHAPE[name]
+
+
+def load_dataset(cfg, shape: Shape):
+    """(train, test) sources for `cfg.dataset`, adapted to `shape`."""
+    native_shape(cfg.dataset)
+    train, test, _ = DATASETS[cfg.dataset](cfg, shape)
+    return train, test
+
+
+def check_dataset(cfg) -> None:
+    """Fail early, naming the option, when the data cannot be found."""
+    native_shape(cfg.dataset)
+    if cfg.dataset in ("mnist", "cifar10", "imagefolder"):
+        if cfg.data_root is None:
+            raise ValueError(f"data_root: {cfg.dataset} needs a local data root (--data-root)")
+        if not Path(cfg.data_root).is_dir() and not cfg.download:
+            raise ValueError(f"data_root: {cfg.data_root} does not exist (pass --download to fetch {cfg.dataset})")
+        if cfg.dataset != "imagefolder" and not cfg.download:
+            load_dataset(cfg, _NATIVE_SHAPE[cfg.dataset])
+        if cfg.dataset == "imagefolder":
+            _imagefolder(cfg, _NATIVE_SHAPE["imagefolder"])
+
+
+class GlobalBatchSampler:
+    """Seeded global batches of workers*batch_size samples; worker k takes slice k."""
+
+    def __init__(self, n: int, workers: int, batch_size: int, seed: int):
+        self.global_batch = workers * batch_size
+        if n < self.global_batch:
+            raise ValueError(
+                f"batch_size: a global batch of {self.global_batch} exceeds the {n} training samples"
+            )
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.steps_per_epoch = n // self.global_batch
+        self._epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+
+    def indices(self, step: int, rank: int) -> torch.Tensor:
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._perm, self._epoch = torch.randperm(self.n, generator=g), epoch
+        start = pos * self.global_batch + rank * self.batch_size
+        return self._perm[start : start + self.batch_size]

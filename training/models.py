@@ -1,0 +1,144 @@
+"""Models by name: ddlbench's own small models and every torchvision classifier.
+
+Models know nothing about distribution. All are randomly initialised; nothing
+is downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+
+import torch
+from torch import nn
+
+
+def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    # Wide hidden layers give a few million parameters: a communication-bound model.
+    n_in = input_shape[0] * input_shape[1] * input_shape[2]
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(n_in, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, 1024),
+        nn.ReLU(),
+        nn.Linear(1024, num_classes),
+    )
+
+
+def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    c, h, w = input_shape
+    if min(h, w) < 16:
+        raise ValueError(f"input_shape: lenet5 needs at least 16x16 inputs, got {h}x{w}")
+    fh, fw = (h // 2 - 4) // 2, (w // 2 - 4) // 2
+    return nn.Sequential(
+        nn.Conv2d(c, 6, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * fh * fw, 120),
+        nn.ReLU(),
+        nn.Linear(120, 84),
+        nn.ReLU(),
+        nn.Linear(84, num_classes),
+    )
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+def _resnet20(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """The CIFAR ResNet-20 of He et al. (2016): 3 stages of 3 basic blocks."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(input_shape[0], 16, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+    ]
+    c = 16
+    for c_out, stride in ((16, 1), (32, 2), (64, 2)):
+        for i in range(3):
+            layers.append(_BasicBlock(c, c_out, stride if i == 0 else 1))
+            c = c_out
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes)]
+    return nn.Sequential(*layers)
+
+
+_OWN: dict[str, tuple[Callable[[tuple[int, int, int], int], nn.Module], tuple[int, int, int] | None]] = {
+    # name: (builder, natural input shape; None = the dataset's own)
+    "mlp": (_mlp, None),
+    "lenet5": (_lenet5, (1, 28, 28)),
+    "resnet20": (_resnet20, (3, 32, 32)),
+}
+
+# torchvision builders that need options to build without pretrained weights.
+_TV_KWARGS = {
+    "googlenet": {"aux_logits": False, "init_weights": True},
+    "inception_v3": {"aux_logits": False, "init_weights": True},
+}
+_TV_SHAPE = {"inception_v3": (3, 299, 299)}
+
+
+@cache
+def torchvision_models() -> frozenset[str]:
+    import torchvision
+
+    return frozenset(torchvision.models.list_models(module=torchvision.models))
+
+
+def model_names() -> list[str]:
+    return sorted(set(_OWN) | torchvision_models())
+
+
+def check_model_name(name: str) -> None:
+    if name not in _OWN and name not in torchvision_models():
+        own = ", ".join(sorted(_OWN))
+        raise ValueError(
+            f"model: unknown model {name!r}; use one of {own} or a torchvision "
+            "classification builder name (e.g. resnet50, alexnet, vgg16)"
+        )
+
+
+def natural_input_shape(name: str, dataset_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The C,H,W a model is fed by default, given the dataset's own shape."""
+    if name in _OWN:
+        return _OWN[name][1] or dataset_shape
+    return _TV_SHAPE.get(name, (3, 224, 224))
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """A freshly initialised model; seed torch before calling for a reproducible init."""
+    check_model_name(name)
+    if name in _OWN:
+        return _OWN[name][0](input_shape, num_classes)
+    import torchvision
+
+    kwargs = dict(_TV_KWARGS.get(name, {}))
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+
+
+def logits_of(output: torch.Tensor | tuple) -> torch.Tensor:
+    """Some torchvision models return named tuples in training mode."""
+    if isinstance(output, torch.Tensor):
+        return output
+    return output[0]

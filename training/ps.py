@@ -1,0 +1,213 @@
+"""The parameter server: flat shards, a client for workers and a server loop.
+
+The model's parameters, flattened in `model.parameters()` order, are cut into S
+contiguous shards of near-equal size; shard s lives on rank N+s. A push sends a
+worker's flat gradient slice to each shard and a pull receives the shard's flat
+weights: one message per shard and direction, over torch.distributed
+point-to-point on a gloo group. GPU tensors are staged through pinned host
+buffers. Every wait has a timeout.
+
+Server modes (DESIGN §2):
+- sync (SSGD-PS, OD-SGD): wait for the N pushes of step t, average them in
+  rank order, apply GlobalOpt (SGD with momentum and weight decay), send
+  W_g(t+1) to every worker.
+- async (ASGD): apply each push on arrival, W <- W - lr_async * g, reply with
+  the current W to the pusher; record staleness (server updates between the
+  version a gradient was computed on and the version it is applied to).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from training.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Contiguous [start, end) ranges of the flat parameter vector, one per shard."""
+
+    bounds: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def even(cls, numel: int, shards: int) -> ShardLayout:
+        base, extra = divmod(numel, shards)
+        bounds, start = [], 0
+        for s in range(shards):
+            end = start + base + (1 if s < extra else 0)
+            bounds.append((start, end))
+            start = end
+        return cls(tuple(bounds))
+
+    @property
+    def numel(self) -> int:
+        return self.bounds[-1][1]
+
+
+@dataclass
+class TrafficStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    staleness: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "staleness": dict(self.staleness),
+        }
+
+
+def _wait_all(works: list, timeout: timedelta) -> None:
+    for w in works:
+        w.wait(timeout)
+
+
+class PSClient:
+    """A worker's side: flat buffers, non-blocking push and pull to every shard."""
+
+    def __init__(self, params: list[torch.Tensor], layout: ShardLayout, first_server: int,
+                 group: dist.ProcessGroup, timeout_s: float, slots: int = 1) -> None:
+        self.params, self.layout, self.first_server = params, layout, first_server
+        self.group, self.timeout = group, timedelta(seconds=timeout_s)
+        pin = params[0].is_cuda
+        self.grad = torch.zeros(layout.numel, pin_memory=pin)
+        # Pull slots: OD-SGD double-buffers W_g(t) and W_g(t+1).
+        self.weights = [torch.zeros(layout.numel, pin_memory=pin) for _ in range(slots)]
+        self._offsets = []
+        o = 0
+        for p in params:
+            self._offsets.append((o, o + p.numel()))
+            o += p.numel()
+        self.stats = TrafficStats()
+
+    def views(self, flat: torch.Tensor):
+        for p, (a, b) in zip(self.params, self._offsets, strict=True):
+            yield p, flat[a:b].view_as(p)
+
+    def gather_grads(self, grads: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Copy the parameters' gradients (or `grads`) into the flat push buffer."""
+        src = grads if grads is not None else [p.grad for p in self.params]
+        for (_, view), g in zip(self.views(self.grad), src, strict=True):
+            view.copy_(g, non_blocking=True)
+        if self.params[0].is_cuda:
+            torch.cuda.current_stream().synchronize()
+        return self.grad
+
+    def flat_params(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
+
+    def load_into_params(self, flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            for p, view in self.views(flat):
+                p.copy_(view, non_blocking=True)
+
+    def send_initial(self, flat: torch.Tensor) -> None:
+        """Worker 0 seeds every shard with the initial weights W_g(0)."""
+        works = [
+            dist.isend(flat[a:b].contiguous(), self.first_server + s, group=self.group)
+            for s, (a, b) in enumerate(self.layout.bounds)
+        ]
+        _wait_all(works, self.timeout)
+
+    def start_push_pull(self, slot: int = 0) -> list:
+        """Start pushing the flat gradient and pulling new weights into `slot`."""
+        works = []
+        for s, (a, b) in enumerate(self.layout.bounds):
+            dst = self.first_server + s
+            works.append(dist.isend(self.grad[a:b], dst, group=self.group))
+            works.append(dist.irecv(self.weights[slot][a:b], dst, group=self.group))
+            self.stats.bytes_sent += (b - a) * self.grad.element_size()
+            self.stats.bytes_received += (b - a) * self.grad.element_size()
+        return works
+
+    def start_pull(self, slot: int = 0) -> list:
+        works = []
+        for s, (a, b) in enumerate(self.layout.bounds):
+            works.append(dist.irecv(self.weights[slot][a:b], self.first_server + s, group=self.group))
+            self.stats.bytes_received += (b - a) * self.grad.element_size()
+        return works
+
+    def wait(self, works: list) -> None:
+        _wait_all(works, self.timeout)
+
+
+@dataclass
+class ServerConfig:
+    shard: int
+    workers: int
+    steps: int
+    mode: str  # "sync" or "async"
+    lr: float
+    momentum: float
+    weight_decay: float
+    lr_async: float
+    timeout_s: float
+
+
+def serve(cfg: ServerConfig, layout: ShardLayout, group: dist.ProcessGroup,
+          timeline: Timeline) -> TrafficStats:
+    """Run one shard until every worker has pushed `steps` gradients."""
+    start, end = layout.bounds[cfg.shard]
+    n = end - start
+    timeout = timedelta(seconds=cfg.timeout_s)
+    stats = TrafficStats()
+    w = torch.zeros(n)
+    dist.recv(w, src=0, group=group)  # W_g(0) from worker 0
+    stats.bytes_received += n * 4
+    if cfg.mode == "sync":
+        _serve_sync(cfg, w, group, timeline, timeout, stats)
+    else:
+        _serve_async(cfg, w, group, timeline, stats)
+    return stats
+
+
+def _serve_sync(cfg: ServerConfig, w: torch.Tensor, group, timeline: Timeline,
+                timeout: timedelta, stats: TrafficStats) -> None:
+    param = torch.nn.Parameter(w)
+    opt = torch.optim.SGD([param], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    bufs = [torch.empty_like(w) for _ in range(cfg.workers)]
+    for t in range(cfg.steps):
+        timeline.begin(t)
+        with timeline.phase("comm_wait"):
+            _wait_all([dist.irecv(bufs[k], k, group=group) for k in range(cfg.workers)], timeout)
+        with timeline.phase("update"):
+            g = bufs[0].clone()
+            for b in bufs[1:]:
+                g.add_(b)
+            param.grad = g.div_(cfg.workers)
+            opt.step()
+        with timeline.phase("send"):
+            _wait_all([dist.isend(param.data, k, group=group) for k in range(cfg.workers)], timeout)
+        timeline.end()
+        stats.bytes_received += cfg.workers * w.numel() * 4
+        stats.bytes_sent += cfg.workers * w.numel() * 4
+
+
+def _serve_async(cfg: ServerConfig, w: torch.Tensor, group, timeline: Timeline,
+                 stats: TrafficStats) -> None:
+    buf = torch.empty_like(w)
+    version = 0
+    seen = [0] * cfg.workers  # the version each worker last received
+    for t in range(cfg.workers * cfg.steps):
+        timeline.begin(t)
+        with timeline.phase("comm_wait"):
+            src = dist.recv(buf, group=group)  # any source: applied on arrival
+        with timeline.phase("update"):
+            stats.staleness[version - seen[src]] += 1
+            w.add_(buf, alpha=-cfg.lr_async)
+            version += 1
+        with timeline.phase("send"):
+            dist.send(w, src, group=group)
+            seen[src] = version
+        timeline.end()
+        stats.bytes_received += w.numel() * 4
+        stats.bytes_sent += w.numel() * 4
+    for k in range(cfg.workers):  # the final global model
+        dist.send(w, k, group=group)
+        stats.bytes_sent += w.numel() * 4

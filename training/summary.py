@@ -1,0 +1,124 @@
+"""Turn the gathered timelines and counters into `summary.json` figures."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from training.config import TrainConfig
+from training.timeline import WORKER_PHASES
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def iteration_times(records: list[dict[str, Any]], skip: int) -> list[float]:
+    """Per-worker iteration periods (end to end), warm-up iterations skipped."""
+    out: list[float] = []
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["role"] == "worker":
+            by_rank.setdefault(r["rank"], []).append(r)
+    for recs in by_rank.values():
+        recs.sort(key=lambda r: r["step"])
+        for i, r in enumerate(recs):
+            if r["step"] < skip:
+                continue
+            out.append(r["end"] - (recs[i - 1]["end"] if i else r["start"]))
+    return out
+
+
+def timing_figures(cfg: TrainConfig, records: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    skip = min(cfg.measure_warmup, steps - 1)
+    workers = [r for r in records if r["role"] == "worker"]
+    periods = iteration_times(records, skip)
+    measured = [r for r in workers if r["step"] >= skip]
+    if skip:
+        start = min(r["end"] for r in workers if r["step"] == skip - 1)
+    else:
+        start = min(r["start"] for r in workers if r["step"] == 0)
+    end = max(r["end"] for r in workers)
+    samples = len(measured) * cfg.batch_size
+    breakdown = {}
+    for phase in WORKER_PHASES:
+        spans = [r["phases"].get(phase) for r in measured]
+        breakdown[phase] = sum((s[1] - s[0]) for s in spans if s) / max(len(measured), 1)
+    breakdown["comm_exposed"] = breakdown.pop("comm_wait")
+    return {
+        "throughput_samples_per_s": samples / (end - start) if end > start else None,
+        "iter_time_s": {
+            "p50": _percentile(periods, 0.5),
+            "p95": _percentile(periods, 0.95),
+            "mean": statistics.fmean(periods) if periods else None,
+            "stdev": statistics.stdev(periods) if len(periods) > 1 else 0.0,
+        },
+        "breakdown_s": breakdown,
+        "measured_steps": steps - skip,
+        "warmup_steps_excluded": skip,
+    }
+
+
+def staleness_figures(per_shard: list[dict[int, int]]) -> dict[str, Any] | None:
+    total: dict[int, int] = {}
+    for hist in per_shard:
+        for k, v in hist.items():
+            total[int(k)] = total.get(int(k), 0) + v
+    if not total:
+        return None
+    n = sum(total.values())
+    return {
+        "histogram": {str(k): total[k] for k in sorted(total)},
+        "mean": sum(k * v for k, v in total.items()) / n,
+        "max": max(total),
+    }
+
+
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(cfg: TrainConfig) -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available() and cfg.device.value == "cuda"
+    return {
+        "git_commit": os.environ.get("DDLBENCH_GIT_COMMIT") or _git_commit(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "device": cfg.device.value,
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu_model": torch.cuda.get_device_name() if cuda else None,
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "world_size": cfg.world_size,
+        "link_bandwidth": cfg.link_bandwidth,
+        "threads_per_process": cfg.threads,
+    }

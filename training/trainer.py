@@ -1,0 +1,151 @@
+"""The trainer loop shared by every algorithm.
+
+One iteration: load the worker's slice of the global batch, forward, backward,
+then the algorithm's step (communication and update). Each phase is timed into
+the rank's timeline; rank 0 also writes the per-step metrics as it goes, so a
+crash keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.algorithms import AllreduceSSGD, make_strategy
+from training.config import TrainConfig
+from training.datasets import GlobalBatchSampler, load_dataset, native_shape
+from training.models import build_model, logits_of, natural_input_shape
+from training.timeline import Timeline
+
+
+def resolve_input_shape(cfg: TrainConfig) -> tuple[int, int, int]:
+    return cfg.input_shape or natural_input_shape(cfg.model, native_shape(cfg.dataset))
+
+
+def resolve_steps(cfg: TrainConfig, n_train: int) -> int:
+    if cfg.steps is not None:
+        return cfg.steps
+    per_epoch = n_train // (cfg.workers * cfg.batch_size)
+    return max(1, math.ceil(cfg.epochs * per_epoch))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, source, device: torch.device, batch: int = 512) -> tuple[float, float]:
+    """(accuracy, mean loss) on a whole split."""
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(source), batch):
+        idx = torch.arange(start, min(start + batch, len(source)))
+        x, y = source.batch(idx)
+        x, y = x.to(device), y.to(device)
+        out = logits_of(model(x))
+        loss_sum += F.cross_entropy(out, y, reduction="sum").item()
+        correct += (out.argmax(dim=1) == y).sum().item()
+    model.train(was_training)
+    return correct / len(source), loss_sum / len(source)
+
+
+class Trainer:
+    """A worker: model, data, the algorithm's strategy, and the loop."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, timeline: Timeline, device: torch.device,
+                 workers_group, ps_group, out: Path) -> None:
+        self.cfg, self.rank, self.timeline, self.device, self.out = cfg, rank, timeline, device, out
+        shape = resolve_input_shape(cfg)
+        self.train_set, self.test_set = load_dataset(cfg, shape)
+        classes = cfg.num_classes or self.train_set.num_classes
+        torch.manual_seed(cfg.seed)  # the same initial weights on every worker
+        self.net = build_model(cfg.model, shape, classes).to(device)
+        self.sampler = GlobalBatchSampler(len(self.train_set), cfg.workers, cfg.batch_size, cfg.seed)
+        self.strategy = make_strategy(cfg, self.net, timeline, rank, workers_group, ps_group)
+        self.overlapped = isinstance(self.strategy, AllreduceSSGD) and cfg.overlap and cfg.workers > 1
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def run(self, steps: int) -> dict[str, Any]:
+        cfg, tl = self.cfg, self.timeline
+        model = self.strategy.model
+        model.train()
+        lead = self.rank == 0
+        metrics = open(self.out / "metrics.jsonl", "w") if lead else None
+        eval_time = 0.0
+        start = tl.now()
+        last_end = start
+        loss_value = float("nan")
+        reached_at: float | None = None
+        global_batch = cfg.workers * cfg.batch_size
+        try:
+            self.strategy.start()
+            for t in range(steps):
+                tl.begin(t)
+                with tl.phase("data"):
+                    x, y = self.train_set.batch(self.sampler.indices(t, self.rank))
+                    x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                with tl.phase("forward"):
+                    loss = F.cross_entropy(logits_of(model(x)), y)
+                    self._sync()
+                b0 = tl.now()
+                loss.backward()
+                self._sync()
+                b1 = tl.now()
+                if self.overlapped:  # DDP's wait for the last buckets is communication
+                    compute_end = min(max(self.strategy.backward_compute_end(), b0), b1)
+                    tl.mark("backward", b0, compute_end)
+                    tl.mark("comm_wait", compute_end, b1)
+                else:
+                    tl.mark("backward", b0, b1)
+                self.strategy.step(t)
+                self._sync()
+                rec = tl.end()
+                if not lead:
+                    continue
+                loss_value = loss.item()
+                row: dict[str, Any] = {
+                    "step": t + 1,
+                    "loss": loss_value,
+                    "time_s": rec["end"] - start - eval_time,
+                    "throughput_samples_per_s": global_batch / max(rec["end"] - last_end, 1e-9),
+                }
+                last_end = rec["end"]
+                if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < steps:
+                    e0 = tl.now()
+                    row["accuracy"], row["test_loss"] = evaluate(self.net, self.test_set, self.device)
+                    if cfg.target_accuracy and reached_at is None and row["accuracy"] >= cfg.target_accuracy:
+                        reached_at = row["time_s"]
+                    eval_time += tl.now() - e0
+                    last_end = tl.now()
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+            self.strategy.finish()
+            train_time = tl.now() - start - eval_time
+            result: dict[str, Any] = {"train_time_s": train_time}
+            if lead:
+                acc, test_loss = evaluate(self.net, self.test_set, self.device)
+                if cfg.target_accuracy and reached_at is None and acc >= cfg.target_accuracy:
+                    reached_at = train_time
+                metrics.write(json.dumps({"step": steps, "accuracy": acc, "test_loss": test_loss,
+                                          "time_s": train_time}) + "\n")
+                result |= {
+                    "final_loss": loss_value,
+                    "final_test_loss": test_loss,
+                    "final_accuracy": acc,
+                    "time_to_accuracy_s": reached_at,
+                    "parameters": sum(p.numel() for p in self.net.parameters()),
+                    "parameter_bytes": sum(p.numel() * p.element_size() for p in self.net.parameters()),
+                }
+                if cfg.save_params:
+                    torch.save({k: v.detach().cpu() for k, v in self.net.state_dict().items()},
+                               self.out / "params.pt")
+            return result
+        finally:
+            if metrics:
+                metrics.close()
