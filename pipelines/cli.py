@@ -102,5 +102,16 @@ train = click.Command(
 cli.add_command(train)
 
 
+def _register() -> None:
+    # Each command family lives in its own module; each module lists its commands.
+    from pipelines import cli_model, cli_pipeline
+
+    for cmd in (*cli_model.COMMANDS, *cli_pipeline.COMMANDS):
+        cli.add_command(cmd)
+
+
+_register()
+
+
 def main() -> None:
     cli()
