@@ -1,0 +1,233 @@
+"""The `netns` provider: an emulated cluster on one Linux host (DESIGN §5).
+
+Each node is a network namespace with one veth link into a bridge that lives in
+the host namespace. The bridge carries no address, so the cluster's subnet
+exists only inside the namespaces and no traffic leaves them. Every link is
+shaped with `tc tbf` in both directions (the namespace end shapes what the
+node sends, the bridge end what it receives), like a full-duplex NIC.
+
+torchrun runs once per node under `ip netns exec`, with static rendezvous on
+node 0's address and gloo bound to the node's interface. Names carry this
+process's pid and a random tag, so parallel providers never collide, and a
+provider that finds namespaces of a dead owner (a SIGKILLed run) removes them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import secrets
+import signal
+import subprocess
+import time
+
+from infra.base import (
+    Job,
+    JobResult,
+    Node,
+    Provider,
+    ProviderError,
+    base_env,
+    run_processes,
+    torchrun_argv,
+)
+
+_PREFIX = "ddlb"
+_NS_RE = re.compile(rf"^{_PREFIX}-(\d+)-([0-9a-f]{{6}})-(\d+)$")
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_PRIVATE_NETS = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("192.168.0.0/16"))
+
+
+def parse_bandwidth(rate: str) -> int:
+    """'100mbit' -> 100_000_000 bits/s (tc's decimal units: bit, kbit, mbit, gbit, tbit)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", str(rate))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _RATE_UNITS or float(m.group(1)) <= 0:
+        raise ProviderError(
+            f"provider.options.bandwidth: expected a positive rate such as 100mbit, 1gbit or "
+            f"10gbit, got {rate!r}"
+        )
+    return int(float(m.group(1)) * _RATE_UNITS[unit])
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise ProviderError(f"netns: `ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+    return proc
+
+
+def _tc(*args: str) -> None:
+    proc = subprocess.run(["tc", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ProviderError(f"netns: `tc {' '.join(args)}` failed: {proc.stderr.strip()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_namespace_processes(ns: str) -> None:
+    """SIGKILL what still runs in a namespace (live processes keep it alive past `ip netns del`)."""
+    for _ in range(20):
+        out = _ip("netns", "pids", ns, check=False).stdout.split()
+        if not out:
+            return
+        for pid in out:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        time.sleep(0.05)
+
+
+def _remove_cluster(tag: str, namespaces: list[str]) -> None:
+    """Processes, namespaces (their veth ends take the bridge ends with them), then the bridge."""
+    for ns in namespaces:
+        _kill_namespace_processes(ns)
+        _ip("netns", "del", ns, check=False)
+    _ip("link", "del", f"db{tag}", check=False)
+
+
+def cleanup_stale() -> list[str]:
+    """Remove namespaces and bridges of providers whose process is gone; return the namespaces."""
+    clusters: dict[str, list[str]] = {}
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        m = _NS_RE.match(name)
+        if m and not _pid_alive(int(m.group(1))):
+            clusters.setdefault(m.group(2), []).append(name)
+    for tag, namespaces in clusters.items():
+        _remove_cluster(tag, namespaces)
+    return [ns for names in clusters.values() for ns in names]
+
+
+class NetnsProvider(Provider):
+    """K nodes as network namespaces on a bridge, each link shaped to `bandwidth`."""
+
+    name = "netns"
+
+    def __init__(
+        self,
+        nodes: int = 2,
+        bandwidth: str | None = "1gbit",
+        subnet: str = "10.213.0.0/24",
+        master_port: int = 29500,
+        threads_per_process: int = 1,
+    ) -> None:
+        if not isinstance(nodes, int) or nodes < 1:
+            raise ProviderError(
+                f"provider.options.nodes: expected a positive integer, got {nodes!r}"
+            )
+        self.nodes = nodes
+        self.bandwidth = bandwidth
+        self.rate_bps = parse_bandwidth(bandwidth) if bandwidth is not None else None
+        try:
+            net = ipaddress.ip_network(subnet, strict=True)
+        except ValueError as err:
+            raise ProviderError(f"provider.options.subnet: {err}") from None
+        if not any(net.version == p.version and net.subnet_of(p) for p in _PRIVATE_NETS):
+            raise ProviderError(
+                f"provider.options.subnet: {subnet} is outside 10.0.0.0/8 and 192.168.0.0/16; "
+                "the emulated cluster only uses private addresses"
+            )
+        if net.num_addresses - 2 < nodes:
+            raise ProviderError(
+                f"provider.options.subnet: {subnet} has room for {net.num_addresses - 2} nodes, "
+                f"{nodes} requested"
+            )
+        self.subnet = net
+        self.master_port = master_port
+        self.threads = threads_per_process
+        self.tag = secrets.token_hex(3)
+        self._nodes: list[Node] = []
+
+    def ns_name(self, i: int) -> str:
+        return f"{_PREFIX}-{os.getpid()}-{self.tag}-{i}"
+
+    def ifname(self, i: int) -> str:
+        """The node's interface inside its namespace (what gloo binds to); 15 characters at most."""
+        return f"dn{self.tag}{i}"
+
+    def _host_ifname(self, i: int) -> str:
+        return f"dh{self.tag}{i}"
+
+    def provision(self) -> list[Node]:
+        if os.geteuid() != 0:
+            raise ProviderError(
+                "netns: network namespaces need root (run as root, or use the local provider)"
+            )
+        if self._nodes:
+            return self._nodes
+        cleanup_stale()
+        bridge = f"db{self.tag}"
+        hosts = self.subnet.hosts()
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("link", "set", bridge, "up")
+        for i in range(self.nodes):
+            ns, dev, peer = self.ns_name(i), self.ifname(i), self._host_ifname(i)
+            addr = str(next(hosts))
+            _ip("netns", "add", ns)
+            _ip("link", "add", peer, "type", "veth", "peer", "name", dev, "netns", ns)
+            _ip("link", "set", peer, "master", bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{addr}/{self.subnet.prefixlen}", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            if self.rate_bps is not None:
+                self._shape(peer)
+                self._shape(dev, ns)
+            self._nodes.append(Node(ns, addr))
+        return self._nodes
+
+    def _shape(self, dev: str, ns: str | None = None) -> None:
+        # The bucket must hold at least one timer tick of traffic at the rate and one
+        # full-size (GSO) packet; 100 ms of queue keeps TCP at line rate without drops.
+        burst = max(self.rate_bps // 8 // 250, 64 * 1024)
+        args = [
+            "qdisc",
+            "replace",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            f"{self.rate_bps}bit",
+            "burst",
+            str(burst),
+            "latency",
+            "100ms",
+        ]
+        _tc(*(["-n", ns] if ns else []), *args)
+
+    def set_link(self, node: int, up: bool) -> None:
+        """Take a node's link down or up (fault injection: the node drops off the network)."""
+        _ip("-n", self.ns_name(node), "link", "set", self.ifname(node), "up" if up else "down")
+
+    def run(self, job: Job, echo: bool = True) -> JobResult:
+        nodes = self.provision()
+        if job.world_size % self.nodes:
+            raise ProviderError(
+                f"netns: world size {job.world_size} does not split evenly over {self.nodes} nodes "
+                "(torchrun starts the same number of ranks on every node)"
+            )
+        per_node = job.world_size // self.nodes
+        argvs, envs = [], []
+        for i in range(self.nodes):
+            torchrun = torchrun_argv(per_node, self.nodes, i, nodes[0].address, self.master_port)
+            argvs.append(
+                ["ip", "netns", "exec", self.ns_name(i), *torchrun, "-m", job.module, *job.args]
+            )
+            ifname = {"GLOO_SOCKET_IFNAME": self.ifname(i), "NCCL_SOCKET_IFNAME": self.ifname(i)}
+            envs.append(base_env(self.threads) | job.env | ifname)
+        return run_processes(argvs, envs, job.log_path, job.timeout_s, echo)
+
+    def teardown(self) -> None:
+        _remove_cluster(self.tag, [self.ns_name(i) for i in range(self.nodes)])
+        self._nodes = []

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A single-node SLURM cluster for the slurm provider's tests: munge + slurmctld
+# + slurmd on this host, one partition. Idempotent: when the daemons already
+# answer, it only makes sure the node accepts jobs (about a second).
+set -euo pipefail
+
+need_pkgs=()
+for cmd in munged slurmctld slurmd sbatch; do
+  command -v "$cmd" >/dev/null 2>&1 || need_pkgs=(munge slurmctld slurmd slurm-client)
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+host=$(hostname -s)
+conf=/etc/slurm/slurm.conf
+mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge
+if [ ! -f "$conf" ] || ! grep -q "^# ddlbench single-node" "$conf"; then
+  # slurmd -C reports this host's real CPUs and memory; a node configured with
+  # more than it has would be drained.
+  node_line=$(slurmd -C | grep '^NodeName=')
+  cat >"$conf" <<CONF
+# ddlbench single-node cluster (scripts/services/slurm.sh)
+ClusterName=ddlbench
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+AuthType=auth/munge
+# No cgroups in a container: track processes by parent pid, no task binding.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MinJobAge=600
+KillWait=5
+$node_line State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+CONF
+fi
+
+if ! pgrep -x munged >/dev/null; then
+  [ -f /etc/munge/munge.key ] || mungekey --create
+  chown -R munge:munge /etc/munge /var/lib/munge /var/log/munge /run/munge 2>/dev/null || true
+  runuser -u munge -- /usr/sbin/munged
+fi
+pgrep -x slurmctld >/dev/null || slurmctld
+pgrep -x slurmd >/dev/null || slurmd
+
+for _ in $(seq 1 50); do
+  scontrol ping 2>/dev/null | grep -q UP && break
+  sleep 0.2
+done
+state=$(sinfo -h -N -n "$host" -o %t 2>/dev/null || true)
+case "$state" in
+  *drain*|*down*|*fail*) scontrol update NodeName="$host" State=RESUME || true ;;
+esac
+for _ in $(seq 1 50); do
+  state=$(sinfo -h -N -n "$host" -o %t 2>/dev/null || true)
+  case "$state" in idle*|mix*|alloc*) break ;; esac
+  sleep 0.2
+done
+sinfo -h -N -o "slurm: node %N %t, %c cpus" || true
