@@ -1,0 +1,203 @@
+"""What the ddlbench DAGs share: task defaults, the pool, and the pipeline's task wiring.
+
+Thin on purpose: only `airflow.sdk` is imported at parse time. Each task imports
+`pipelines.steps` when it runs, so parsing never pulls in torch or mlflow.
+Every task passes the small JSON ctx of `steps.start` and returns a small dict.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pendulum
+from airflow.sdk import Asset, XComArg, get_current_context, task
+from airflow.sdk.exceptions import AirflowTaskTerminated
+
+REPO = Path(__file__).resolve().parent.parent
+SPECS = REPO / "specs"
+START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+# Accelerator slots: one slot per node a training job takes. Created from
+# infra/deploy/airflow/pools.json (`airflow pools import`), or by the tests.
+TRAIN_POOL = "ddlbench_nodes"
+TRAIN_TIMEOUT = timedelta(hours=2)
+STEP_TIMEOUT = timedelta(hours=1)
+
+DEFAULT_ARGS: dict[str, Any] = {
+    "owner": "ddlbench",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=30),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=10),
+    "execution_timeout": STEP_TIMEOUT,
+}
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _context() -> dict[str, Any]:
+    return get_current_context()  # type: ignore[return-value]
+
+
+def airflow_info() -> dict[str, Any]:
+    """Who is running: tags that let a retried task find and resume its own MLflow runs."""
+    ctx = _context()
+    ti = ctx["ti"]
+    return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
+            "try_number": ti.try_number}
+
+
+def run_key() -> str:
+    """Stable across retries of this DAG run, safe as a directory name."""
+    ti = _context()["ti"]
+    return _UNSAFE.sub("-", f"{ti.dag_id}-{ti.run_id}").strip("-")
+
+
+@contextmanager
+def sigterm_stops_training() -> Iterator[None]:
+    """Turn Airflow's SIGTERM (task killed from the UI or by the supervisor) into an exception.
+
+    The launcher's `finally` then kills the torchrun process group it started with
+    start_new_session=True, and the MLflow run's `with` block closes it as FAILED;
+    without this, the default handler only calls on_kill() and the ranks outlive
+    the task. Airflow's execution_timeout already raises AirflowTaskTimeout the same
+    way (SIGALRM), so both kinds of kill take one path.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _stop(signum: int, frame: object) -> None:
+        raise AirflowTaskTerminated(f"received signal {signal.Signals(signum).name}; "
+                                    "stopping the training job")
+
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@task(task_id="provision")
+def provision(ctx: dict) -> dict:
+    from pipelines import steps
+
+    return steps.provision(ctx)
+
+
+@task(task_id="microbench")
+def microbench(ctx: dict) -> dict:
+    from pipelines import steps
+
+    return steps.microbench(ctx)
+
+
+@task(task_id="profile")
+def profile(ctx: dict) -> dict:
+    from pipelines import steps
+
+    return steps.profile(ctx)
+
+
+@task(task_id="train_configs")
+def train_configs(ctx: dict) -> list[dict]:
+    from pipelines import steps
+
+    return steps.train_configs(ctx)
+
+
+@task(task_id="train", pool=TRAIN_POOL, execution_timeout=TRAIN_TIMEOUT,
+      map_index_template="{{ config_key }}")
+def train(ctx: dict, entry: dict) -> dict:
+    """One training config and repeat, in fresh torchrun processes."""
+    _context()["config_key"] = entry["key"]
+    from pipelines import steps
+
+    with sigterm_stops_training():
+        return steps.train(ctx, entry)
+
+
+@task(task_id="fit")
+def fit(ctx: dict) -> dict:
+    from pipelines import steps
+
+    return steps.fit(ctx)
+
+
+@task(task_id="predict")
+def predict(ctx: dict) -> dict:
+    from pipelines import steps
+
+    return steps.predict(ctx)
+
+
+@task(task_id="validate")
+def validate(ctx: dict, trained: list[dict]) -> dict:
+    from pipelines import steps
+
+    return steps.validate(ctx, list(trained))
+
+
+@task(task_id="report")
+def report(ctx: dict, trained: list[dict], validation: dict) -> dict:
+    from pipelines import steps
+
+    result = steps.report(ctx, list(trained), validation)
+    # Downstream DAGs scheduled on the report Asset find the run through these.
+    context = _context()
+    for outlet in context["task"].outlets:
+        context["outlet_events"][outlet].extra = {
+            "run_key": ctx["run_key"], "run_dir": ctx["run_dir"],
+            "parent_run_id": ctx["parent_run_id"], "report_md": result.get("report_md"),
+            "regressions": len(result.get("regressions") or []),
+        }
+    return result
+
+
+@task(task_id="teardown")
+def teardown(ctx: dict) -> dict:
+    from pipelines import steps
+
+    return steps.teardown(ctx)
+
+
+@task(task_id="finish", retries=0)
+def finish(ctx: dict) -> dict:
+    """Close the parent MLflow run with the DAG run's outcome so far."""
+    from pipelines import steps
+
+    c = _context()
+    ti = c["ti"]
+    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
+    failed = any(s in ("failed", "upstream_failed") for s in states.values())
+    return steps.finish(ctx, failed=failed)
+
+
+def benchmark(ctx: XComArg, report_asset: Asset, nodes_per_job: int = 1) -> None:
+    """Wire the pipeline after `start`: the same shape for every ddlbench DAG.
+
+    Serial on purpose: nothing else runs on the cluster while it is measured.
+    provision -> microbench -> profile -> fit -> predict (before any training, so
+    predictions never see the measurements) -> train grid (mapped, pooled: a job
+    takes `nodes_per_job` slots) -> validate -> report (publishes `report_asset`);
+    teardown and finish always run.
+    """
+    provisioned = provision(ctx)
+    entries = train_configs(ctx)
+    trained = train.override(pool_slots=nodes_per_job).partial(ctx=ctx).expand(entry=entries)
+    validation = validate(ctx, trained)
+    reported = report.override(outlets=[report_asset])(ctx, trained, validation)
+    released = teardown(ctx)
+    finished = finish(ctx)
+
+    provisioned >> microbench(ctx) >> profile(ctx) >> fit(ctx) >> predict(ctx) >> entries
+    reported >> released >> finished
+    released.as_teardown(setups=[ctx.operator, provisioned.operator])
+    finished.as_teardown(setups=ctx.operator)
