@@ -168,17 +168,17 @@ class ODSGD(_PSStrategy):
     def step(self, t: int) -> None:
         tl = self.timeline
         cfg = self.cfg
-        self.client.gather_grads()
+        slot = (t + 1) % 2
+        self.client.gather_grads(slot)
         if t < cfg.warmup_steps:  # warm-up: plain SSGD-PS, W_k(t+1) = W_g(t+1)
             with tl.phase("comm_wait"):
-                self.client.wait(self.client.start_push_pull(0))
+                self.client.wait(self.client.start_push_pull(slot))
             with tl.phase("update"):
-                # A copy: slot 0 is refilled by a later pull while this is still in use.
-                self.weights_global = self.client.weights[0].clone()
+                # A copy: the slot is refilled by a later pull while this is still in use.
+                self.weights_global = self.client.weights[slot].clone()
                 self.client.load_into_params(self.weights_global)
                 self.zero_grad()
             return
-        slot = (t + 1) % 2
         works = self.client.start_push_pull(slot)
         with tl.phase("comm_wait"):
             w_global = self._global_weights()

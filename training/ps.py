@@ -76,8 +76,9 @@ class PSClient:
         self.params, self.layout, self.first_server = params, layout, first_server
         self.group, self.timeout = group, timedelta(seconds=timeout_s)
         pin = params[0].is_cuda
-        self.grad = torch.zeros(layout.numel, pin_memory=pin)
-        # Pull slots: OD-SGD double-buffers W_g(t) and W_g(t+1).
+        # Slots: OD-SGD double-buffers pushes (g_t may still be in flight while g_{t+1}
+        # is gathered) and pulls (W_g(t) is in use while W_g(t+1) arrives).
+        self.grads = [torch.zeros(layout.numel, pin_memory=pin) for _ in range(slots)]
         self.weights = [torch.zeros(layout.numel, pin_memory=pin) for _ in range(slots)]
         self._offsets = []
         o = 0
@@ -90,14 +91,14 @@ class PSClient:
         for p, (a, b) in zip(self.params, self._offsets, strict=True):
             yield p, flat[a:b].view_as(p)
 
-    def gather_grads(self, grads: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Copy the parameters' gradients (or `grads`) into the flat push buffer."""
-        src = grads if grads is not None else [p.grad for p in self.params]
-        for (_, view), g in zip(self.views(self.grad), src, strict=True):
-            view.copy_(g, non_blocking=True)
+    def gather_grads(self, slot: int = 0) -> torch.Tensor:
+        """Copy the parameters' gradients into the flat push buffer of `slot`."""
+        flat = self.grads[slot]
+        for p, view in self.views(flat):
+            view.copy_(p.grad, non_blocking=True)
         if self.params[0].is_cuda:
             torch.cuda.current_stream().synchronize()
-        return self.grad
+        return flat
 
     def flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
@@ -116,21 +117,21 @@ class PSClient:
         _wait_all(works, self.timeout)
 
     def start_push_pull(self, slot: int = 0) -> list:
-        """Start pushing the flat gradient and pulling new weights into `slot`."""
+        """Start pushing the flat gradient of `slot` and pulling new weights into `slot`."""
         works = []
         for s, (a, b) in enumerate(self.layout.bounds):
             dst = self.first_server + s
-            works.append(dist.isend(self.grad[a:b], dst, group=self.group))
+            works.append(dist.isend(self.grads[slot][a:b], dst, group=self.group))
             works.append(dist.irecv(self.weights[slot][a:b], dst, group=self.group))
-            self.stats.bytes_sent += (b - a) * self.grad.element_size()
-            self.stats.bytes_received += (b - a) * self.grad.element_size()
+            self.stats.bytes_sent += (b - a) * 4
+            self.stats.bytes_received += (b - a) * 4
         return works
 
     def start_pull(self, slot: int = 0) -> list:
         works = []
         for s, (a, b) in enumerate(self.layout.bounds):
             works.append(dist.irecv(self.weights[slot][a:b], self.first_server + s, group=self.group))
-            self.stats.bytes_received += (b - a) * self.grad.element_size()
+            self.stats.bytes_received += (b - a) * 4
         return works
 
     def wait(self, works: list) -> None:

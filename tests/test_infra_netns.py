@@ -1,0 +1,244 @@
+"""The `netns` provider: real namespaces, bridge, tbf-shaped veth links, torchrun across them.
+
+Needs root (skipped otherwise). Links are shaped to 100 Mbit/s so this 2-core host, not the
+CPU, is never what limits the measured bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from infra import Job, ProviderError, get_provider
+from infra.netns import NetnsProvider, cleanup_stale, parse_bandwidth
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="netns tests need root (network namespaces)"
+)
+netns = [pytest.mark.netns, needs_root]
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def links() -> str:
+    return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+
+
+def assert_gone(provider: NetnsProvider) -> None:
+    """No namespace, link, bridge or process of this provider remains."""
+    assert not {n for n in namespaces() if provider.tag in n}
+    assert provider.tag not in links()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert provider.tag not in ps
+
+
+def tx_bytes(provider: NetnsProvider, node: int) -> int:
+    out = subprocess.run(
+        [
+            "ip",
+            "-j",
+            "-s",
+            "-n",
+            provider.ns_name(node),
+            "link",
+            "show",
+            "dev",
+            provider.ifname(node),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out)[0]["stats64"]["tx"]["bytes"]
+
+
+def test_bandwidth_parsing_and_option_errors():
+    assert parse_bandwidth("100mbit") == 100_000_000
+    assert parse_bandwidth("1gbit") == 10**9
+    assert parse_bandwidth("10gbit") == 10**10
+    assert parse_bandwidth("2.5Gbit") == 2_500_000_000
+    for bad in ("fast", "100", "-1gbit", "1gb/s"):
+        with pytest.raises(ProviderError, match="provider.options.bandwidth"):
+            NetnsProvider(bandwidth=bad)
+    with pytest.raises(ProviderError, match="provider.options.subnet: 8.8.8.0/24 is outside"):
+        NetnsProvider(subnet="8.8.8.0/24")
+    with pytest.raises(ProviderError, match="room for 2 nodes, 3 requested"):
+        NetnsProvider(nodes=3, subnet="10.9.0.0/30")
+    with pytest.raises(ProviderError, match="provider.options.nodes"):
+        NetnsProvider(nodes=0)
+    with pytest.raises(
+        ProviderError, match="provider.options: .*unexpected keyword argument 'gpus'"
+    ):
+        get_provider("netns", gpus=1)
+    with pytest.raises(ProviderError, match="unknown provider 'mesos'; available: local, netns"):
+        get_provider("mesos")
+
+
+def test_uneven_world_size_is_refused_before_anything_starts(tmp_path):
+    provider = NetnsProvider(nodes=2)
+    job = Job(module="training.run", args=[], world_size=3, log_path=tmp_path / "log")
+    with pytest.raises(ProviderError, match="world size 3 does not split evenly over 2 nodes"):
+        provider.run(job)
+    assert not provider.provisioned
+
+
+def test_without_root_a_clear_error(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ProviderError, match="netns: network namespaces need root"):
+        NetnsProvider(nodes=2).provision()
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+@pytest.mark.netns
+@needs_root
+def test_cluster_comes_up_shaped_and_tears_down_cleanly(nodes):
+    provider = NetnsProvider(nodes=nodes, bandwidth="200mbit", subnet="192.168.77.0/24")
+    with provider:
+        addrs = [n.address for n in provider.provision()]
+        assert addrs == [f"192.168.77.{i + 1}" for i in range(nodes)]
+        assert {provider.ns_name(i) for i in range(nodes)} <= namespaces()
+        for i in range(nodes):
+            ns = provider.ns_name(i)
+            addr = subprocess.run(
+                ["ip", "-n", ns, "-br", "addr", "show", "dev", provider.ifname(i)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert f"192.168.77.{i + 1}/24" in addr and "UP" in addr
+            qdisc = subprocess.run(
+                ["tc", "-n", ns, "qdisc", "show", "dev", provider.ifname(i)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert "tbf" in qdisc and "rate 200Mbit" in qdisc
+        # the subnet exists only inside the namespaces: the host has no route into it
+        route = subprocess.run(
+            ["ip", "route", "get", "192.168.77.1"], capture_output=True, text=True
+        )
+        assert f"db{provider.tag}" not in route.stdout
+    assert_gone(provider)
+
+
+@pytest.mark.netns
+@needs_root
+def test_a_killed_owner_leaves_nothing_behind_after_the_next_provision():
+    code = (
+        "from infra.netns import NetnsProvider; import time; p = NetnsProvider(nodes=2); "
+        "p.provision(); print(p.tag, flush=True); time.sleep(60)"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    tag = owner.stdout.readline().strip()
+    assert any(tag in n for n in namespaces())
+    owner.kill()
+    owner.wait()
+    removed = cleanup_stale()
+    assert len([n for n in removed if tag in n]) == 2
+    assert not any(tag in n for n in namespaces()) and tag not in links()
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_root
+def test_allreduce_bandwidth_matches_the_shaped_rate(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_netns import measure_allreduce
+
+    with NetnsProvider(nodes=2, bandwidth="100mbit") as provider:
+        fig = measure_allreduce(provider, size_bytes=4 << 20, repeats=3, workdir=tmp_path)
+    ratio = fig["bus_bytes_per_s"] / (100e6 / 8)
+    print(
+        f"allreduce bus bandwidth {fig['bus_bytes_per_s'] / 1e6:.2f} MB/s = {ratio:.3f} x 100mbit"
+    )
+    assert fig["world_size"] == 2
+    assert 0.85 <= ratio <= 1.05, fig
+    assert_gone(provider)
+
+
+def train_values(**options) -> dict:
+    return {
+        "model": "lenet5",
+        "dataset": "digits",
+        "batch_size": 16,
+        "steps": 6,
+        "timeout_s": 60,
+        "measure_warmup": 1,
+    } | options
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_root
+@pytest.mark.parametrize(
+    ("algorithm", "workers", "servers", "nodes"),
+    [("ssgd", 2, 0, 2), ("asgd", 2, 1, 3), ("odsgd", 2, 1, 3)],
+)
+def test_algorithms_train_across_nodes(tmp_path, algorithm, workers, servers, nodes):
+    from pipelines.launch import launch, prepare
+
+    cfg = prepare(
+        train_values(
+            algorithm=algorithm, workers=workers, servers=servers, link_bandwidth="100mbit"
+        ),
+        "test",
+    )
+    with NetnsProvider(nodes=nodes, bandwidth="100mbit") as provider:
+        summary = launch(cfg, tmp_path, provider, timeout_s=180, echo=False)
+        sent = [tx_bytes(provider, i) for i in range(nodes)]
+    assert summary["status"] == "completed"
+    assert summary["algorithm"] == algorithm and summary["workers"] == workers
+    assert summary["servers"] == servers and summary["steps"] == 6
+    assert math.isfinite(summary["final_loss"])
+    # every node's rank really talked over its shaped link: each sent at least a model's worth
+    # per step (allreduce halves on two nodes; a PS worker pushes whole gradients)
+    assert min(sent) >= 6 * summary["parameter_bytes"] / 2, (sent, summary["parameter_bytes"])
+    assert_gone(provider)
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_root
+def test_a_node_dropping_off_the_network_fails_the_job_in_bounded_time(tmp_path):
+    from pipelines.launch import JobFailed, launch, prepare
+
+    op_timeout_s = 20
+    cfg = prepare(train_values(steps=5000, timeout_s=op_timeout_s), "test")
+    provider = NetnsProvider(nodes=2, bandwidth="100mbit")
+    down_at: list[float] = []
+
+    def cut_link_once_training_runs() -> None:
+        metrics = tmp_path / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text()):
+            time.sleep(0.2)
+        provider.set_link(1, up=False)
+        down_at.append(time.monotonic())
+
+    with provider:
+        cutter = threading.Thread(target=cut_link_once_training_runs, daemon=True)
+        cutter.start()
+        with pytest.raises(JobFailed) as failed:
+            launch(cfg, tmp_path, provider, timeout_s=240, echo=False)
+        ended = time.monotonic()
+        cutter.join(1)
+    assert down_at, "training never started"
+    elapsed = ended - down_at[0]
+    print(f"job failed {elapsed:.1f} s after the link went down (op timeout {op_timeout_s} s)")
+    assert not failed.value.result.timed_out
+    assert elapsed < op_timeout_s + 20
+    assert_gone(provider)

@@ -1,0 +1,50 @@
+"""Run real training jobs (torchrun, gloo) for tests, and single-process references."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from infra.local import LocalProvider
+from pipelines.launch import launch, prepare
+from training.datasets import GlobalBatchSampler, load_dataset
+from training.models import build_model
+from training.trainer import resolve_input_shape
+
+
+def run_job(out: Path, timeout_s: float = 240, **options: Any) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Launch a real job; return its summary and final parameters."""
+    values = {"model": "lenet5", "dataset": "digits", "save_params": True, "timeout_s": 60} | options
+    cfg = prepare(values, "test")
+    summary = launch(cfg, out, LocalProvider(), timeout_s=timeout_s, echo=False)
+    return summary, torch.load(out / "params.pt", weights_only=True)
+
+
+class Reference:
+    """The model, data and batches of a job, in this process, for reference updates."""
+
+    def __init__(self, **options: Any) -> None:
+        values = {"model": "lenet5", "dataset": "digits", "steps": 1} | options
+        self.cfg = cfg = prepare(values, "reference")
+        shape = resolve_input_shape(cfg)
+        self.train, _ = load_dataset(cfg, shape)
+        self.shape = shape
+        self.sampler = GlobalBatchSampler(len(self.train), cfg.workers, cfg.batch_size, cfg.seed)
+
+    def model(self) -> torch.nn.Module:
+        torch.manual_seed(self.cfg.seed)
+        return build_model(self.cfg.model, self.shape, self.train.num_classes)
+
+    def grads(self, model: torch.nn.Module, step: int, rank: int) -> list[torch.Tensor]:
+        x, y = self.train.batch(self.sampler.indices(step, rank))
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
