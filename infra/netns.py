@@ -89,9 +89,18 @@ def _kill_namespace_processes(ns: str) -> None:
 
 
 def _remove_cluster(tag: str, namespaces: list[str]) -> None:
-    """Processes, namespaces (their veth ends take the bridge ends with them), then the bridge."""
+    """Processes, veth pairs, namespaces, then the bridge.
+
+    The veths are deleted explicitly: a deleted namespace releases its devices asynchronously,
+    so the host ends would linger for a moment after `ip netns del` returns.
+    """
     for ns in namespaces:
         _kill_namespace_processes(ns)
+    for line in _ip("-o", "link", "show", "type", "veth", check=False).stdout.splitlines():
+        dev = line.split(":")[1].strip().split("@")[0]
+        if dev.startswith(f"dh{tag}"):
+            _ip("link", "del", dev, check=False)
+    for ns in namespaces:
         _ip("netns", "del", ns, check=False)
     _ip("link", "del", f"db{tag}", check=False)
 
@@ -159,6 +168,10 @@ class NetnsProvider(Provider):
     def _host_ifname(self, i: int) -> str:
         return f"dh{self.tag}{i}"
 
+    @property
+    def provisioned(self) -> bool:
+        return bool(self._nodes)
+
     def provision(self) -> list[Node]:
         if os.geteuid() != 0:
             raise ProviderError(
@@ -211,13 +224,13 @@ class NetnsProvider(Provider):
         _ip("-n", self.ns_name(node), "link", "set", self.ifname(node), "up" if up else "down")
 
     def run(self, job: Job, echo: bool = True) -> JobResult:
-        nodes = self.provision()
         if job.world_size % self.nodes:
             raise ProviderError(
                 f"netns: world size {job.world_size} does not split evenly over {self.nodes} nodes "
                 "(torchrun starts the same number of ranks on every node)"
             )
         per_node = job.world_size // self.nodes
+        nodes = self.provision()
         argvs, envs = [], []
         for i in range(self.nodes):
             torchrun = torchrun_argv(per_node, self.nodes, i, nodes[0].address, self.master_port)
