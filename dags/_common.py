@@ -180,14 +180,15 @@ def finish(ctx: dict) -> dict:
     return steps.finish(ctx, failed=failed)
 
 
-def benchmark(ctx: XComArg, report_asset: Asset, nodes_per_job: int = 1) -> None:
+def benchmark(ctx: XComArg, report_asset: Asset, nodes_per_job: int = 1) -> dict[str, XComArg]:
     """Wire the pipeline after `start`: the same shape for every ddlbench DAG.
 
     Serial on purpose: nothing else runs on the cluster while it is measured.
     provision -> microbench -> profile -> fit -> predict (before any training, so
     predictions never see the measurements) -> train grid (mapped, pooled: a job
     takes `nodes_per_job` slots) -> validate -> report (publishes `report_asset`);
-    teardown and finish always run.
+    teardown and finish always run. Returns the fit and report tasks' outputs, for
+    DAGs that add steps between them.
     """
     provisioned = provision(ctx)
     entries = train_configs(ctx)
@@ -197,7 +198,9 @@ def benchmark(ctx: XComArg, report_asset: Asset, nodes_per_job: int = 1) -> None
     released = teardown(ctx)
     finished = finish(ctx)
 
-    provisioned >> microbench(ctx) >> profile(ctx) >> fit(ctx) >> predict(ctx) >> entries
+    fitted = fit(ctx)
+    provisioned >> microbench(ctx) >> profile(ctx) >> fitted >> predict(ctx) >> entries
     reported >> released >> finished
     released.as_teardown(setups=[ctx.operator, provisioned.operator])
     finished.as_teardown(setups=ctx.operator)
+    return {"fit": fitted, "report": reported}

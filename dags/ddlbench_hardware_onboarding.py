@@ -85,8 +85,11 @@ def onboarding_overrides(params: dict[str, Any]) -> dict[str, Any]:
                               f"{nodes} x {per_node} = {nodes * per_node}")
     measured = sorted(set(params["world_sizes"]))
     what_if = [2**k for k in range(PREDICT_UP_TO.bit_length()) if 2**k not in measured]
-    provider_options = {} if params["provider"] == "local" else {"nodes": nodes,
-                                                                  "devices_per_node": per_node}
+    provider_options: dict[str, Any] = {}
+    if params["provider"] != "local":
+        provider_options["nodes"] = nodes
+    if params["provider"] == "netns":  # it shapes its emulated links to this rate
+        provider_options["bandwidth"] = f"{params['bandwidth_gbps']:g}gbit"
     return {
         "name": f"onboarding-{params['hardware_label']}",
         "suite": "onboarding",
@@ -132,8 +135,8 @@ def record_hardware_profile(ctx: dict) -> dict:
 )
 def ddlbench_hardware_onboarding() -> None:
     ctx = start()
-    benchmark(ctx, ONBOARDING_REPORT)
-    ...
+    tasks = benchmark(ctx, ONBOARDING_REPORT)
+    tasks["fit"] >> record_hardware_profile(ctx) >> tasks["report"]
 
 
 ddlbench_hardware_onboarding()
