@@ -1,0 +1,196 @@
+"""Fit alpha-beta(-gamma) communication models to microbenchmarks (DESIGN §3).
+
+Per primitive and world size, a least-squares line t = a + b*M over the
+measured sizes (unweighted: the large messages, which dominate iteration
+times, set the slope), then the cost model's constants from a and b:
+
+- p2p (one way):                 t = alpha + M beta
+- allreduce (ring, N ranks):     t = 2(N-1) alpha + (N-1)/N M (2 beta + gamma)
+- ps (N workers, S shards, one push and pull round, each of M/S bytes per
+  worker and shard, queued on the shard's link): t = 2N (alpha + M/S beta)
+
+Allreduce's beta comes from the p2p fit of the same file, gamma from the rest
+of the slope. A fit that beats physics (beta below the link's byte time,
+negative alpha) is flagged; a flagged beta is marked unusable and the
+predictor refuses it unless a bandwidth is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COMM_KIND = "ddlbench-comm"
+MODEL_KIND = "ddlbench-comm-model"
+
+
+class CommModelError(ValueError):
+    """A comm.json or model.json is missing, truncated or not ours; the message names the file."""
+
+
+def _line(sizes: np.ndarray, times: np.ndarray, through_origin: bool = False) -> tuple[float, float]:
+    cols = [sizes] if through_origin else [np.ones_like(sizes), sizes]
+    coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1), times, rcond=None)
+    return (0.0, float(coef[0])) if through_origin else (float(coef[0]), float(coef[1]))
+
+
+def fit_line(sizes: list[float], times: list[float]) -> dict[str, Any]:
+    """t = a + b*M with R^2 and residuals; a negative intercept is flagged and refitted at 0."""
+    m, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    if len(m) < 2 or np.ptp(m) == 0:
+        raise ValueError("need measurements at two or more message sizes to fit a line")
+    a, b = _line(m, t)
+    flags = []
+    if a < 0:
+        flags.append(f"negative alpha ({a:.3g} s); refitted with alpha = 0")
+        a, b = _line(m, t, through_origin=True)
+    pred = a + b * m
+    ss_res = float(np.sum((t - pred) ** 2))
+    ss_tot = float(np.sum((t - t.mean()) ** 2))
+    return {
+        "intercept_s": a,
+        "slope_s_per_byte": b,
+        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+        "residuals_s": [float(x) for x in t - pred],
+        "flags": flags,
+    }
+
+
+def _grouped(comm: dict[str, Any]) -> dict[tuple[str, int, int], tuple[list[float], list[float]]]:
+    groups: dict[tuple[str, int, int], tuple[list[float], list[float]]] = {}
+    for row in comm["measurements"]:
+        key = (row["primitive"], int(row["workers"]), int(row.get("servers", 0)))
+        sizes, times = groups.setdefault(key, ([], []))
+        sizes.append(float(row["bytes"]))
+        times.append(float(row["median_s"]))
+    return groups
+
+
+def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> dict[str, Any]:
+    """model.json content: one fit per primitive and world size."""
+    if comm.get("kind") != COMM_KIND or not isinstance(comm.get("measurements"), list):
+        raise CommModelError("comm: not a ddlbench comm.json (no 'measurements' of kind ddlbench-comm)")
+    link = link_bytes_per_s or comm.get("link_bytes_per_s")
+    groups = _grouped(comm)
+    p2p_beta = None
+    fits = []
+    for (prim, n, s) in sorted(groups, key=lambda k: (k[0] != "p2p", k)):
+        sizes, times = groups[(prim, n, s)]
+        line = fit_line(sizes, times)
+        a, b = line["intercept_s"], line["slope_s_per_byte"]
+        gamma = None
+        if prim == "p2p":
+            alpha, beta = a, b
+            p2p_beta = beta
+        elif prim == "allreduce":
+            alpha = a / (2 * (n - 1))
+            per_byte = b * n / (n - 1)  # 2 beta + gamma
+            beta = p2p_beta if p2p_beta is not None and 2 * p2p_beta <= per_byte else per_byte / 2
+            gamma = per_byte - 2 * beta
+        elif prim == "ps":
+            alpha, beta = a / (2 * n), b * s / (2 * n)
+        else:
+            raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
+        flags = list(line["flags"])
+        usable = True
+        if link and beta < 1.0 / link:
+            flags.append(f"beta {beta:.3g} s/B is faster than the link's {1.0 / link:.3g} s/B "
+                         f"({link * 8 / 1e9:.3g} Gbit/s); not used")
+            usable = False
+        fits.append({
+            "primitive": prim, "workers": n, "servers": s, "alpha_s": alpha,
+            "beta_s_per_byte": beta, "gamma_s_per_byte": gamma, **line,
+            "sizes": sizes, "measured_s": times, "usable": usable,
+        })
+        fits[-1]["flags"] = flags
+    return {"kind": MODEL_KIND, "link_bytes_per_s": link, "environment": comm.get("environment", {}),
+            "fits": fits}
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise CommModelError(f"{path}: no such {what} file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CommModelError(f"{path}: not valid JSON, truncated? ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict):
+        raise CommModelError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_comm(path: Path) -> dict[str, Any]:
+    data = _read_json(path, "comm.json")
+    if data.get("kind") != COMM_KIND or not isinstance(data.get("measurements"), list):
+        raise CommModelError(f"{path}: not a ddlbench comm.json (kind {data.get('kind')!r}); "
+                             "write one with `ddlbench microbench`")
+    return data
+
+
+def load_comm_model(path: Path) -> dict[str, Any]:
+    data = _read_json(path, "comm model")
+    if data.get("kind") != MODEL_KIND or not isinstance(data.get("fits"), list):
+        raise CommModelError(f"{path}: not a ddlbench comm model (kind {data.get('kind')!r}); "
+                             "write one with `ddlbench fit`")
+    for i, f in enumerate(data["fits"]):
+        missing = {"primitive", "workers", "alpha_s", "beta_s_per_byte", "intercept_s",
+                   "slope_s_per_byte"} - set(f)
+        if missing:
+            raise CommModelError(f"{path}: fits[{i}] lacks {', '.join(sorted(missing))}")
+    return data
+
+
+class CommCosts:
+    """Time of each primitive from a fitted model, with optional bandwidth what-if."""
+
+    def __init__(self, model: dict[str, Any], bandwidth_bytes_per_s: float | None = None) -> None:
+        self.fits = model["fits"]
+        self.bw = bandwidth_bytes_per_s
+
+    def _nearest(self, prim: str, workers: int, servers: int = 0) -> dict[str, Any] | None:
+        cands = [f for f in self.fits if f["primitive"] == prim]
+        if not cands:
+            return None
+
+        def dist(f: dict[str, Any]) -> tuple[float, float]:
+            return (abs(math.log(f["workers"] / workers)), abs(f.get("servers", 0) - servers))
+
+        best = min(cands, key=dist)
+        if not best.get("usable", True) and self.bw is None:
+            raise CommModelError(
+                f"comm model: the {prim} fit for {best['workers']} workers is flagged "
+                f"({'; '.join(best['flags'])}); give a bandwidth to predict with")
+        return best
+
+    def allreduce(self, workers: int):
+        """bytes -> seconds of a ring allreduce over `workers` ranks."""
+        if workers <= 1:
+            return lambda _m: 0.0
+        f = self._nearest("allreduce", workers)
+        if f is None:
+            p = self._nearest("p2p", 2)
+            if p is None:
+                raise CommModelError("comm model: no allreduce or p2p fits; run `ddlbench microbench`")
+            alpha, beta, gamma = p["alpha_s"], p["beta_s_per_byte"], 0.0
+        elif f["workers"] == workers and self.bw is None:
+            a, b = f["intercept_s"], f["slope_s_per_byte"]
+            return lambda m: a + b * m
+        else:
+            alpha, beta, gamma = f["alpha_s"], f["beta_s_per_byte"], max(f["gamma_s_per_byte"] or 0.0, 0.0)
+        if self.bw is not None:
+            beta = 1.0 / self.bw
+        n = workers
+        return lambda m: 2 * (n - 1) * alpha + (n - 1) / n * m * (2 * beta + gamma)
+
+    def transfer(self, workers: int, servers: int):
+        """bytes -> seconds of one push or pull between a worker and a shard."""
+        f = self._nearest("ps", workers, servers) or self._nearest("p2p", 2)
+        if f is None:
+            raise CommModelError("comm model: no ps or p2p fits; run `ddlbench microbench --servers 1`")
+        alpha = f["alpha_s"]
+        beta = 1.0 / self.bw if self.bw is not None else f["beta_s_per_byte"]
+        return lambda m: alpha + m * beta

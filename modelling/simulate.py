@@ -1,0 +1,120 @@
+"""The task DAG and its list-scheduling simulator (DESIGN §3).
+
+A task has a duration, the resources it occupies for all of that time (a
+transfer holds the sender's and the receiver's link at once) and the tasks it
+depends on. Every resource serves one task at a time, first come first served
+by the time a task became ready (ties: the order tasks were added). The
+simulator is event driven and exact for that policy: ready times leave the
+heap in non-decreasing order, so a task can always start at
+max(ready, when each of its resources frees up).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Dag:
+    """Tasks in insertion order; a task's dependencies must already exist."""
+
+    names: list[str] = field(default_factory=list)
+    durations: list[float] = field(default_factory=list)
+    resources: list[tuple[str, ...]] = field(default_factory=list)
+    deps: list[tuple[int, ...]] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    owners: list[str] = field(default_factory=list)  # which worker or server the task belongs to
+    steps: list[int] = field(default_factory=list)
+
+    def add(self, name: str, duration: float, resources: tuple[str, ...], deps=(), *,
+            kind: str = "", owner: str = "", step: int = 0) -> int:
+        deps = tuple(d for d in deps if d is not None)
+        n = len(self.names)
+        if duration < 0:
+            raise ValueError(f"task {name}: negative duration {duration}")
+        if deps and (max(deps) >= n or min(deps) < 0):
+            raise ValueError(f"task {name}: depends on a task that does not exist yet")
+        self.names.append(name)
+        self.durations.append(duration)
+        self.resources.append(resources)
+        self.deps.append(deps)
+        self.kinds.append(kind or name)
+        self.owners.append(owner)
+        self.steps.append(step)
+        return n
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass
+class Schedule:
+    start: list[float]
+    end: list[float]
+    # The task that held up each task's start: a dependency or the resource's previous user.
+    blocker: list[int | None]
+
+
+def simulate(dag: Dag) -> Schedule:
+    n = len(dag)
+    waiting = [len(d) for d in dag.deps]
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for t, ds in enumerate(dag.deps):
+        for d in ds:
+            succ[d].append(t)
+    start = [0.0] * n
+    end = [0.0] * n
+    blocker: list[int | None] = [None] * n
+    ready_at = [0.0] * n
+    ready_by: list[int | None] = [None] * n  # the dependency that finished last
+    free: dict[str, float] = {}
+    last_user: dict[str, int] = {}
+    heap = [(0.0, t) for t in range(n) if waiting[t] == 0]
+    heapq.heapify(heap)
+    done = 0
+    while heap:
+        ready, t = heapq.heappop(heap)
+        begin, why = ready, ready_by[t]
+        for r in dag.resources[t]:
+            f = free.get(r, 0.0)
+            if f > begin:
+                begin, why = f, last_user[r]
+        start[t], blocker[t] = begin, why
+        finish = begin + dag.durations[t]
+        end[t] = finish
+        for r in dag.resources[t]:
+            free[r] = finish
+            last_user[r] = t
+        done += 1
+        for s in succ[t]:
+            if finish >= ready_at[s]:
+                ready_at[s], ready_by[s] = finish, t
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(heap, (ready_at[s], s))
+    if done != n:
+        raise ValueError(f"the task graph has a cycle: {n - done} tasks never became ready")
+    return Schedule(start, end, blocker)
+
+
+def critical_path(dag: Dag, sched: Schedule, last: int, since: float = 0.0) -> list[int]:
+    """Tasks that determined `last`'s finish, back to time `since`, in time order."""
+    path = [last]
+    t = sched.blocker[last]
+    while t is not None and sched.end[t] > since:
+        path.append(t)
+        t = sched.blocker[t]
+    return path[::-1]
+
+
+def busy_time(dag: Dag, sched: Schedule, t0: float, t1: float) -> dict[str, float]:
+    """Per resource: time spent serving tasks within [t0, t1]."""
+    busy: dict[str, float] = {}
+    for t in range(len(dag)):
+        a, b = max(sched.start[t], t0), min(sched.end[t], t1)
+        for r in dag.resources[t]:
+            busy.setdefault(r, 0.0)
+            if b > a:
+                busy[r] += b - a
+    return busy

@@ -1,0 +1,88 @@
+"""Predicted against measured iteration time for training runs (DESIGN §3).
+
+Each run directory's summary.json names its configuration; the prediction uses
+the layer table and comm model given, or else layers.json / model.json found
+in the run directory or beside it (its parent).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from modelling.fit import fit_comm, load_comm, load_comm_model
+from modelling.layers import load_layers
+from modelling.predict import predict
+
+
+class ValidationInputError(ValueError):
+    """A run directory, layer table or comm model is missing or does not match."""
+
+
+def _find(run: Path, name: str) -> Path | None:
+    return next((p for p in (run / name, run.parent / name) if p.is_file()), None)
+
+
+def _comm_model_for(run: Path) -> dict[str, Any]:
+    path = _find(run, "model.json")
+    if path:
+        return load_comm_model(path)
+    comm = _find(run, "comm.json")
+    if comm:  # measured but not yet fitted: fit now
+        return fit_comm(load_comm(comm))
+    raise ValidationInputError(
+        f"{run}: no comm model (model.json, or comm.json to fit) in the run dir or beside it; "
+        "pass --comm-model or run `ddlbench microbench` and `ddlbench fit`")
+
+
+def _summary(run: Path) -> dict[str, Any]:
+    path = run / "summary.json"
+    if not path.is_file():
+        raise ValidationInputError(f"{run}: no summary.json; is it a training run directory?")
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValidationInputError(f"{path}: not valid JSON ({err.msg})") from None
+    if summary.get("status") != "completed" or not summary.get("iter_time_s"):
+        raise ValidationInputError(f"{path}: the run did not complete (status {summary.get('status')!r})")
+    return summary
+
+
+def validate_run(run: Path, layers: dict[str, Any] | None = None,
+                 comm_model: dict[str, Any] | None = None) -> dict[str, Any]:
+    summary = _summary(run)
+    if layers is None:
+        path = _find(run, "layers.json")
+        if path is None:
+            raise ValidationInputError(
+                f"{run}: no layers.json in the run dir or beside it; pass --layers or run "
+                f"`ddlbench profile --model {summary['model']}`")
+        layers = load_layers(path)
+    if layers["model"] != summary["model"]:
+        raise ValidationInputError(f"{run}: the run trained {summary['model']} but the layer table "
+                                   f"profiles {layers['model']}")
+    comm_model = comm_model if comm_model is not None else _comm_model_for(run)
+    config = summary.get("config", {})
+    pred = predict(layers, comm_model, algorithm=summary["algorithm"], comm_mode=summary["comm"],
+                   workers=[summary["workers"]], servers=summary.get("servers") or 1,
+                   bucket_mb=config.get("bucket_mb", 25.0),
+                   overlap=summary["overlap"] if summary.get("overlap") is not None else True,
+                   batch_size=summary["batch_size"])[0]
+    measured = summary["iter_time_s"]["p50"]
+    return {"run": str(run), "algorithm": summary["algorithm"], "comm": summary["comm"],
+            "workers": summary["workers"], "servers": summary.get("servers", 0),
+            "model": summary["model"], "predicted_iter_s": pred["iter_time_s"],
+            "measured_iter_s": measured, "error": (pred["iter_time_s"] - measured) / measured,
+            "predicted_compute_s": pred["compute_s"], "predicted_comm_s": pred["comm_s"],
+            "measured_breakdown_s": summary.get("breakdown_s")}
+
+
+def validate_runs(run_dirs: list[Path], *, layers: dict[str, Any] | None = None,
+                  comm_model: dict[str, Any] | None = None) -> dict[str, Any]:
+    if not run_dirs:
+        raise ValidationInputError("run: give at least one training run directory")
+    runs = [validate_run(Path(r), layers, comm_model) for r in run_dirs]
+    errors = [abs(r["error"]) for r in runs]
+    return {"runs": runs, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors)}
