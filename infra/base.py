@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -90,6 +91,22 @@ def torchrun_argv(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
         return argv + ["--standalone", "--nnodes=1"]
     return argv + [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
                    f"--master-port={master_port}"]
+
+
+def torchrun_shell(nproc_per_node: int, nnodes: int, module: str, args: list[str], node_rank: str,
+                   master_addr: str, master_port: str, python: str = sys.executable) -> str:
+    """torchrun as one shell command for a node that learns its rank and master only when it runs.
+
+    node_rank, master_addr and master_port are shell words expanded on the node (for example
+    "$SLURM_NODEID"); every other word is quoted. Used by schedulers that start the same
+    command on every node (SLURM's srun, a Kubernetes Indexed Job).
+    """
+    expanded = {"--node-rank": node_rank, "--master-addr": master_addr, "--master-port": master_port}
+    words = [shlex.quote(python)]
+    for arg in torchrun_argv(nproc_per_node, nnodes, 0, "-", 0)[1:]:
+        key = arg.split("=", 1)[0]
+        words.append(f"{key}={expanded[key]}" if key in expanded else shlex.quote(arg))
+    return " ".join(words + [shlex.quote(a) for a in ["-m", module, *args]])
 
 
 def stream_process(proc: subprocess.Popen, log: IO[str], echo: bool) -> threading.Thread:

@@ -1,0 +1,151 @@
+"""The `slurm` provider against the real single-node SLURM that scripts/services/slurm.sh starts."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from infra import Job, ProviderError, get_provider
+from infra.slurm import SlurmProvider, controller_up
+
+needs_slurm = pytest.mark.skipif(
+    not controller_up(),
+    reason="slurmctld is not running (CI starts it with scripts/services/slurm.sh)",
+)
+
+
+def test_batch_script_carries_every_request(tmp_path):
+    provider = get_provider(
+        "slurm",
+        nodes=2,
+        gpus_per_node=4,
+        time_limit="01:30:00",
+        partition="gpu",
+        account="ml",
+        cpus_per_node=16,
+        python="python3",
+    )
+    job = Job(
+        module="training.run",
+        args=[str(tmp_path / "run dir")],
+        world_size=8,
+        log_path=tmp_path / "launcher.log",
+    )
+    script = provider.batch_script(job)
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --time=01:30:00",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=ml",
+        "#SBATCH --cpus-per-task=16",
+        f"#SBATCH --output={tmp_path / 'launcher.log'}",
+    ):
+        assert line in script.splitlines()
+    srun = script.splitlines()[-1]
+    assert srun.startswith("exec srun --kill-on-bad-exit=1")
+    for word in (
+        "--nproc-per-node=4",
+        "--nnodes=2",
+        '--node-rank="$SLURM_NODEID"',
+        '--master-addr="$DDLBENCH_MASTER_ADDR"',
+        "-m training.run",
+    ):
+        assert word in srun
+    # one quoting level for srun's `bash -c`, one inside: a run dir with a space survives both
+    inner = shlex.split(shlex.split(srun)[-1])
+    assert inner[-3:] == ["-m", "training.run", str(tmp_path / "run dir")]
+    assert inner[0] == "python3" and "--node-rank=$SLURM_NODEID" in inner
+
+
+def test_option_errors():
+    with pytest.raises(ProviderError, match="provider.options.time_limit"):
+        SlurmProvider(time_limit="an hour")
+    with pytest.raises(ProviderError, match="provider.options.nodes"):
+        SlurmProvider(nodes=0)
+    with pytest.raises(ProviderError, match="provider.options.gpus_per_node"):
+        SlurmProvider(gpus_per_node=-1)
+    with pytest.raises(
+        ProviderError, match="provider.options: .*unexpected keyword argument 'queue'"
+    ):
+        get_provider("slurm", queue="gpu")
+    with pytest.raises(ProviderError, match="world size 3 does not split evenly over 2 nodes"):
+        SlurmProvider(nodes=2).batch_script(Job("training.run", [], 3, log_path=Path("x")))
+
+
+@needs_slurm
+def test_more_nodes_than_the_partition_has_is_a_clear_error():
+    with pytest.raises(ProviderError, match="provider.options.nodes: 64 nodes requested"):
+        SlurmProvider(nodes=64).provision()
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_two_worker_training_job_through_slurm(tmp_path):
+    from pipelines.launch import launch, prepare
+
+    cfg = prepare(
+        {
+            "model": "lenet5",
+            "dataset": "digits",
+            "workers": 2,
+            "batch_size": 16,
+            "steps": 5,
+            "measure_warmup": 1,
+            "timeout_s": 60,
+        },
+        "test",
+    )
+    with SlurmProvider(nodes=1, time_limit="10") as provider:
+        summary = launch(cfg, tmp_path, provider, timeout_s=240, echo=False)
+        job_id = provider.last_job_id
+        assert provider.final_state(job_id) == ("COMPLETED", 0)
+    assert summary["status"] == "completed" and summary["workers"] == 2 and summary["steps"] == 5
+    assert math.isfinite(summary["final_loss"])
+    assert (tmp_path / "launcher.log").exists()
+    assert provider.queue_state(job_id) is None
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_job_past_its_timeout_is_cancelled_and_leaves_no_process(tmp_path):
+    marker = f"time.sleep(600.{time.time_ns() % 10**6})"
+    job = Job(
+        module="timeit",
+        args=["-n", "1", "-r", "1", "-s", "import time", marker],
+        world_size=1,
+        log_path=tmp_path / "launcher.log",
+        timeout_s=4,
+    )
+    start = time.monotonic()
+    with SlurmProvider() as provider:
+        result = provider.run(job, echo=False)
+        state, _ = provider.final_state(provider.last_job_id)
+    assert result.timed_out and not result.ok
+    assert state == "CANCELLED"
+    assert time.monotonic() - start < 4 + 30
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    assert not left
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_failing_job_reports_its_rank(tmp_path):
+    job = Job(
+        module="ddlbench_no_such_module",
+        args=[],
+        world_size=1,
+        log_path=tmp_path / "launcher.log",
+        timeout_s=120,
+    )
+    with SlurmProvider() as provider:
+        result = provider.run(job, echo=False)
+    assert not result.ok and not result.timed_out
+    assert result.failed_ranks and result.failed_ranks[0]["rank"] == 0
+    assert "No module named ddlbench_no_such_module" in result.log_path.read_text()
