@@ -68,7 +68,7 @@ class AllreduceSSGD(Strategy):
             device_ids = [torch.cuda.current_device()] if cfg.device.value == "cuda" else None
             self.model = nn.parallel.DistributedDataParallel(
                 model, device_ids=device_ids, bucket_cap_mb=cfg.bucket_mb,
-                broadcast_buffers=False, process_group=group,
+                forward_sync_buffers=False, process_group=group,
             )
 
     def step(self, t: int) -> None:

@@ -44,15 +44,15 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_assignment=True)
 
-    model: str = Field("lenet5", description="Model name: mlp, lenet5, resnet20 or a torchvision classification builder (resnet50, alexnet, ...).")
+    model: str = Field("lenet5", description="mlp, lenet5, resnet20 or a torchvision classifier (resnet50, alexnet, ...).")
     dataset: str = Field("digits", description="Dataset: synthetic, digits, mnist, cifar10 or imagefolder.")
     data_root: Path | None = Field(None, description="Local root of mnist, cifar10 or imagefolder data.")
     download: bool = Field(False, description="Allow torchvision to download mnist/cifar10 into data_root.")
-    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W fed to the model; default: the model's natural shape.")
+    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W fed to the model; default: its natural shape.")
     num_classes: int | None = Field(None, ge=2, description="Number of classes; default: the dataset's.")
     synthetic_samples: int = Field(4096, ge=16, description="Training samples of the synthetic dataset.")
     algorithm: Algorithm = Field(Algorithm.ssgd, description="Update algorithm: ssgd, asgd or odsgd.")
-    comm: Comm | None = Field(None, description="Communication: allreduce (ssgd only) or ps. Default: allreduce for ssgd, ps otherwise.")
+    comm: Comm | None = Field(None, description="allreduce (ssgd only) or ps; default: allreduce for ssgd, else ps.")
     workers: int = Field(2, ge=1, le=4096, description="Number of worker processes N.")
     servers: int = Field(0, ge=0, le=256, description="Parameter-server shards S (comm=ps needs at least 1).")
     batch_size: int = Field(32, ge=1, description="Per-worker batch size b.")
@@ -65,7 +65,7 @@ class TrainConfig(BaseModel):
     lr_local: float | None = Field(None, gt=0, description="OD-SGD local learning rate; default lr.")
     momentum_local: float | None = Field(None, ge=0, lt=1, description="OD-SGD local momentum; default momentum.")
     warmup_steps: int = Field(0, ge=0, description="OD-SGD: first iterations run as SSGD-PS.")
-    compensation: Compensation = Field(Compensation.none, description="OD-SGD local-update delay compensation: none or dc.")
+    compensation: Compensation = Field(Compensation.none, description="OD-SGD local-update compensation: none or dc.")
     dc_lambda: float = Field(0.04, ge=0, description="Delay-compensation strength lambda.")
     bucket_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB (ssgd allreduce, overlap on).")
     overlap: bool = Field(True, description="ssgd allreduce: overlap bucketed allreduce with backward (DDP).")
@@ -84,7 +84,9 @@ class TrainConfig(BaseModel):
         if self.comm is None:
             self.comm = Comm.allreduce if self.algorithm == Algorithm.ssgd else Comm.ps
         if self.algorithm != Algorithm.ssgd and self.comm != Comm.ps:
-            raise ValueError(f"comm: {self.algorithm.value} runs on a parameter server; use comm=ps, not {self.comm.value}")
+            raise ValueError(
+                f"comm: {self.algorithm.value} runs on a parameter server; use comm=ps, not {self.comm.value}"
+            )
         if self.comm == Comm.ps and self.servers < 1:
             raise ValueError("servers: comm=ps needs at least 1 parameter-server shard, got 0")
         if self.comm == Comm.allreduce and self.servers:

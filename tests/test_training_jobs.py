@@ -1,0 +1,151 @@
+"""Training jobs end to end: accuracy, outputs, bad options, a killed worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from infra.local import LocalProvider
+from pipelines.cli import cli
+from pipelines.launch import JobFailed, launch, prepare
+from training.timeline import read_jsonl
+
+# lenet5 on digits, 2 workers x 32, 150 steps: every algorithm must pass this.
+TARGET_ACCURACY = 0.85
+STEPS = 150
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"algorithm": "ssgd", "comm": "allreduce"},
+        {"algorithm": "ssgd", "comm": "ps", "servers": 1},
+        # Plain SGD on the server (no momentum): a larger step than lr / N.
+        {"algorithm": "asgd", "servers": 1, "lr_async": 0.2},
+        {"algorithm": "odsgd", "servers": 1, "warmup_steps": 5},
+    ],
+    ids=["ssgd-allreduce", "ssgd-ps", "asgd", "odsgd"],
+)
+def test_each_algorithm_learns_digits(tmp_path, options):
+    cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 32,
+                   "steps": STEPS, "eval_every": 50, "target_accuracy": 0.5} | options)
+    summary = launch(cfg, tmp_path, LocalProvider(), timeout_s=300, echo=False)
+    assert summary["status"] == "completed"
+    assert summary["final_accuracy"] >= TARGET_ACCURACY, summary["final_accuracy"]
+    assert 0 < summary["time_to_accuracy_s"] <= summary["train_time_s"]
+
+    # Timing figures are consistent with the timeline they come from.
+    records = read_jsonl(tmp_path / "timeline.jsonl")
+    workers = [r for r in records if r["role"] == "worker"]
+    assert sorted({r["rank"] for r in workers}) == [0, 1]
+    assert len(workers) == 2 * STEPS
+    assert summary["throughput_samples_per_s"] > 0
+    it = summary["iter_time_s"]
+    assert 0 < it["p50"] <= it["p95"]
+    assert sum(summary["breakdown_s"].values()) == pytest.approx(it["mean"], rel=0.25)
+    for r in workers:
+        spans = sorted(r["phases"].values())
+        assert all(a <= b for a, b in spans), r
+        assert r["start"] <= spans[0][0] and spans[-1][1] <= r["end"] + 1e-9
+    if summary["servers"]:
+        assert {r["role"] for r in records} == {"worker", "server"}
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {"forward", "backward", "update"}
+
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    losses = [m["loss"] for m in metrics if "loss" in m]
+    assert len(losses) == STEPS and losses[-1] < losses[0]
+    assert [m["step"] for m in metrics if "accuracy" in m] == [50, 100, STEPS]
+    env = summary["environment"]
+    assert env["torch"] and env["world_size"] == 2 + summary["servers"]
+    if options["algorithm"] == "asgd":
+        st = summary["staleness"]
+        assert sum(st["histogram"].values()) == 2 * STEPS and st["mean"] >= 0
+
+
+BAD_OPTIONS = [
+    (["--model", "resnet9000"], "model: unknown model 'resnet9000'"),
+    (["--workers", "0"], "workers"),
+    (["--algorithm", "ssgd", "--comm", "ps", "--servers", "0"], "servers: comm=ps needs at least 1"),
+    (["--algorithm", "asgd", "--comm", "allreduce"], "comm: asgd runs on a parameter server"),
+    (["--dataset", "mnist"], "data_root: mnist needs a local data root"),
+    (["--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "data_root: /nonexistent/cifar does not exist"),
+    (["--dataset", "imagenet"], "dataset: unknown dataset 'imagenet'"),
+    (["--epochs", "1", "--steps", "3"], "steps/epochs: give exactly one"),
+    (["--input-shape", "1,8,8"], "input_shape: lenet5 needs at least 16x16"),
+    (["--input-shape", "3,x,1"], "expected C,H,W"),
+    (["--batch-size", "-4"], "batch_size"),
+    (["--lr", "0"], "lr"),
+    (["--momentum", "1.5"], "momentum"),
+    (["--compensation", "magic"], "'magic' is not one of"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_OPTIONS, ids=[m.split(":")[0] for _, m in BAD_OPTIONS])
+def test_bad_options_fail_before_any_process_starts(tmp_path, args, message):
+    out = tmp_path / "out"
+    extra = [] if "--steps" in args else ["--steps", "5"]
+    result = CliRunner().invoke(cli, ["train", "--out", str(out), *extra, *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not out.exists()  # nothing was launched
+
+
+def test_bad_yaml_config_names_file_and_field(tmp_path):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("model: lenet5\nworkers: 2\nbatchsize: 8\nsteps: 3\n")
+    result = CliRunner().invoke(cli, ["train", "--config", str(cfg), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert f"{cfg}.batchsize: Extra inputs are not permitted" in result.output
+    missing = CliRunner().invoke(cli, ["train", "--config", str(tmp_path / "nope.yaml"), "--out", "o"])
+    assert missing.exit_code == 2 and "nope.yaml: no such file" in missing.output
+
+
+def _rank_process(out: Path, rank: int, deadline: float) -> psutil.Process:
+    """The process of `rank` of the job writing to `out`."""
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                cmd = p.info["cmdline"] or []
+                if "training.run" in cmd and str(out) in cmd and p.environ().get("RANK") == str(rank):
+                    return p
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never started")
+
+
+@pytest.mark.slow
+def test_killed_worker_fails_the_job_naming_the_rank(tmp_path):
+    out = tmp_path.resolve()
+    cfg = prepare({"model": "mlp", "dataset": "synthetic", "algorithm": "odsgd", "servers": 1,
+                   "workers": 2, "batch_size": 16, "steps": 100_000, "timeout_s": 30})
+    killed_at: list[float] = []
+
+    def kill_rank_1() -> None:
+        proc = _rank_process(out, 1, time.monotonic() + 120)
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").stat().st_size:
+            time.sleep(0.2)  # training is under way
+        killed_at.append(time.monotonic())
+        os.kill(proc.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    with pytest.raises(JobFailed) as err:
+        launch(cfg, out, LocalProvider(), timeout_s=240, echo=False)
+    detected = time.monotonic() - killed_at[0]
+    assert detected < 30, detected
+    failed = err.value.result.failed_ranks
+    assert any(f["rank"] == 1 and f.get("signal") == "SIGKILL" for f in failed), failed
+    assert "rank 1 exited with -9 (SIGKILL)" in str(err.value)
+    assert not any("training.run" in " ".join(p.info["cmdline"] or []) and str(out) in " ".join(p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"]))
