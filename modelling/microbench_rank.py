@@ -67,13 +67,13 @@ def run(out: Path) -> int:
         numel = max(nbytes // 4, 1)
         buf = torch.ones(numel)
         if n > 1:
-            times = _timed(lambda: dist.all_reduce(buf, group=workers), repeats) if rank < n else \
-                _timed(lambda: None, repeats)
+            times = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None,
+                           repeats)
             rows.append(_row("allreduce", n, 0, numel * 4, times))
-        times = _timed(lambda: _ping_pong(buf, rank), repeats)
+        times = _timed(lambda b=buf: _ping_pong(b, rank), repeats)
         rows.append(_row("p2p", 2, 0, numel * 4, [t / 2 for t in times]))
         if s:
-            times = _timed(lambda: _push_pull(buf, rank, n, s, timeout), repeats)
+            times = _timed(lambda b=buf: _push_pull(b, rank, n, s, timeout), repeats)
             rows.append(_row("ps", n, s, numel * 4, times))
     if rank == 0:
         comm = {"kind": COMM_KIND, "workers": n, "servers": s, "sizes": spec["sizes"],

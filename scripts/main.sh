@@ -1,12 +1,61 @@
 #!/usr/bin/env bash
-# Set up, then run the main job on the embedded defaults: a small OD-SGD vs
-# SSGD vs ASGD benchmark of lenet5 on scikit-learn's digits, 2 workers.
+# Set up, then run the main job on the embedded defaults: the nightly benchmark
+# DAG `ddlbench_nightly` once, through Airflow (`airflow dags test`, no scheduler)
+# against a SQLite Airflow home inside the project's home, on the smoke spec
+# (SSGD vs ASGD vs OD-SGD, local provider, SQLite MLflow); then print the
+# comparison and how to open the MLflow UI. Everything lands in
+# ${DDLBENCH_HOME:-<repo>/.ddlbench}: airflow/, runs/<run key>/, mlflow.db, mlartifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-out=${DDLBENCH_HOME:-$PWD/.ddlbench}/runs/main
-for algo in ssgd odsgd asgd; do
-  servers=1; [ "$algo" = ssgd ] && servers=0
-  .venv/bin/ddlbench train --algorithm "$algo" --servers "$servers" --workers 2 \
-    --model lenet5 --dataset digits --batch-size 32 --steps 120 --quiet --out "$out/$algo"
-done
+
+repo=$PWD
+export DDLBENCH_HOME=${DDLBENCH_HOME:-$repo/.ddlbench}
+export AIRFLOW_HOME=$DDLBENCH_HOME/airflow
+export AIRFLOW__CORE__DAGS_FOLDER=$repo/dags
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=sqlite:///$AIRFLOW_HOME/airflow.db
+unset MLFLOW_TRACKING_URI  # the embedded default: sqlite:///$DDLBENCH_HOME/mlflow.db
+mkdir -p "$AIRFLOW_HOME"
+airflow=$repo/.venv/bin/airflow
+log=$DDLBENCH_HOME/main-airflow.log
+
+echo "== Airflow home $AIRFLOW_HOME (log: $log)"
+# Both are idempotent; the migration takes a few seconds the first time only.
+"$airflow" db migrate >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
+"$airflow" pools import infra/deploy/airflow/pools.json >>"$log" 2>&1 || { tail -40 "$log"; exit 1; }
+
+echo "== airflow dags test ddlbench_nightly (spec: specs/smoke.yaml)"
+conf=$(.venv/bin/python -c 'import json, sys; print(json.dumps({"spec_path": sys.argv[1], "home": sys.argv[2]}))' \
+       "$repo/specs/smoke.yaml" "$DDLBENCH_HOME")
+runs=$DDLBENCH_HOME/runs
+mkdir -p "$runs"
+before=$(ls -1 "$runs")
+"$airflow" dags test ddlbench_nightly -c "$conf" >>"$log" 2>&1 || true
+
+# The run this command made: the nightly run directory that was not there before.
+run_dir=$(comm -13 <(echo "$before") <(ls -1 "$runs") | grep '^ddlbench_nightly-' | tail -1 || true)
+if [ -z "$run_dir" ]; then
+  tail -60 "$log"
+  echo "main.sh: the DAG run did not start (see $log)" >&2
+  exit 1
+fi
+run_dir=$runs/$run_dir
+status=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' \
+         "$run_dir/status.json" 2>/dev/null || echo UNKNOWN)
+echo "== run $(basename "$run_dir"): $status  (run directory: $run_dir)"
+if [ -f "$run_dir/report/report.md" ]; then
+  echo
+  cat "$run_dir/report/report.md"
+  echo
+fi
+cat <<MSG
+== Compare the runs in the MLflow UI (experiment ddlbench-nightly):
+   $repo/.venv/bin/mlflow ui --backend-store-uri sqlite:///$DDLBENCH_HOME/mlflow.db --host 127.0.0.1 --port 5000
+   then open http://127.0.0.1:5000
+MSG
+if [ "$status" != FINISHED ]; then
+  grep -E "ERROR|Error|Traceback" "$log" | tail -20 || true
+  echo "main.sh: the DAG run ended $status (Airflow log: $log)" >&2
+  exit 1
+fi

@@ -172,3 +172,185 @@ def test_onboarding_rejects_fields_that_contradict_each_other(airflow_home: Path
     assert spec["what_if"]["workers"] == [1, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     assert spec["algorithms"] == [{"name": "ssgd", "comm": "allreduce"},
                                   {"name": "odsgd", "comm": "ps"}]
+
+
+# -- end to end ------------------------------------------------------------------------------
+def _task_instances(dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        tis = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id,
+                                                         TaskInstance.run_id == run_id)).all()
+        return [{"task_id": ti.task_id, "map_index": ti.map_index, "state": str(ti.state),
+                 "name": ti.rendered_map_index, "try_number": ti.try_number} for ti in tis]
+
+
+def _asset_events(name: str) -> list[dict[str, Any]]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        events = session.scalars(select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                                 .where(AssetModel.name == name)).all()
+        return [dict(e.extra or {}) for e in events]
+
+
+def _run_dag(airflow_home: Path, dag_id: str, conf: dict[str, Any], *, change: Any = None,
+             mark_success_pattern: str | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """One dag.test() run of a fresh parse (optionally changed); the run and its task instances."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(DAGS)).get_dag(dag_id)
+    if change is not None:
+        change(dag)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the run's home holds its own store
+        dag_run = dag.test(run_conf=conf, mark_success_pattern=mark_success_pattern)
+    return dag_run, _task_instances(dag_id, dag_run.run_id)
+
+
+def _ctx_of(home: Path) -> dict[str, Any]:
+    (ctx_path,) = (home / "runs").glob("*/ctx.json")
+    return json.loads(ctx_path.read_text())
+
+
+def _runs(ctx: dict[str, Any]) -> list[Any]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=ctx["tracking_uri"])
+    experiment = client.get_experiment_by_name(ctx["experiment"])
+    return client.search_runs([experiment.experiment_id], max_results=1000)
+
+
+@pytest.fixture(scope="module")
+def nightly(airflow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`ddlbench_nightly` once on the smoke spec; shared by the checks below."""
+    home = tmp_path_factory.mktemp("nightly-home")
+    dag_run, tis = _run_dag(airflow_home, "ddlbench_nightly",
+                            {"spec_path": str(SMOKE), "home": str(home)})
+    return {"dag_run": dag_run, "tis": tis, "home": home, "ctx": _ctx_of(home)}
+
+
+def _smoke_keys() -> list[str]:
+    from pipelines.spec import grid, load_spec
+
+    return [e["key"] for e in grid(load_spec(SMOKE))]
+
+
+@pytest.mark.slow
+def test_nightly_runs_end_to_end_in_airflow(nightly: dict[str, Any]) -> None:
+    assert str(nightly["dag_run"].state) == "success"
+    failed = [t for t in nightly["tis"] if t["state"] != "success"]
+    assert failed == []
+    trains = [t for t in nightly["tis"] if t["task_id"] == "train"]
+    # One mapped task per config and repeat, named by its key in the UI.
+    assert sorted(t["name"] for t in trains) == sorted(_smoke_keys())
+    assert {t["task_id"] for t in nightly["tis"]} == PIPELINE_TASKS
+    events = _asset_events("ddlbench_nightly_report")
+    ours = [e for e in events if e.get("run_key") == nightly["ctx"]["run_key"]]
+    assert len(ours) == 1 and Path(ours[0]["report_md"]).is_file()
+    assert ours[0]["parent_run_id"] == nightly["ctx"]["parent_run_id"]
+
+
+@pytest.mark.slow
+def test_nightly_results_are_in_mlflow(nightly: dict[str, Any]) -> None:
+    from mlflow import MlflowClient
+
+    ctx = nightly["ctx"]
+    runs = {r.info.run_id: r for r in _runs(ctx)}
+    parent = runs[ctx["parent_run_id"]]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["airflow.dag_id"] == "ddlbench_nightly"
+    assert parent.data.tags["airflow.run_id"] == nightly["dag_run"].run_id
+    children = [r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert {r.info.status for r in children} == {"FINISHED"}
+    steps = {r.data.tags.get("ddlbench.step") for r in children}
+    assert {"provision", "microbench", "profile", "fit", "predict", "validate", "report"} <= steps
+
+    trained = {r.data.tags["ddlbench.config_key"]: r for r in children if "ddlbench.config_key" in r.data.tags}
+    assert sorted(trained) == sorted(_smoke_keys())
+    client = MlflowClient(tracking_uri=ctx["tracking_uri"])
+    for key, run in trained.items():
+        m = run.data.metrics
+        assert m["throughput_samples_per_s"] > 0 and 0 < m["iter_time_p50_s"] < 60, key
+        assert len(client.get_metric_history(run.info.run_id, "train/loss")) >= 2, key
+        names = {a.path for a in client.list_artifacts(run.info.run_id, "training")}
+        assert {"training/summary.json", "training/timeline.jsonl", "training/trace.json"} <= names
+
+    reports = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/report.json"} <= reports
+    report_md = Path(client.download_artifacts(parent.info.run_id, "report/report.md",
+                                               str(nightly["home"] / "download")))
+    text = report_md.read_text()
+    for algorithm in {r.data.tags["ddlbench.algorithm"] for r in trained.values()}:
+        assert algorithm in text
+    assert parent.data.tags["ddlbench.regression"] == "no-baseline"
+
+
+def _training_processes(marker: str) -> list[int]:
+    import psutil
+
+    pids = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in p.info["cmdline"] or []):
+                pids.append(p.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_training_task_killed_by_airflow_timeout_leaves_nothing_behind(airflow_home: Path,
+                                                                        tmp_path: Path) -> None:
+    """An execution_timeout kill stops torchrun and every rank, and fails the training's MLflow run."""
+    import threading
+    import time
+
+    from pipelines.spec import load_spec
+
+    smoke = load_spec(SMOKE)
+    overrides = {"workloads": [smoke.workloads[0].model_dump(mode="json", exclude_none=True)],
+                 "algorithms": [{"name": "odsgd"}], "workers": [2], "batch_sizes": [smoke.batch_sizes[0]],
+                 "repeats": 1, "steps": 10**7, "epochs": None, "train_timeout_s": 3600}
+
+    def short_timeout(dag: Any) -> None:
+        train = dag.get_task("train")
+        train.execution_timeout = timedelta(seconds=30)
+        train.retries = 0
+
+    # Watch the training processes appear while the task runs, so the test knows the kill hit
+    # a live job (torchrun plus the 3 ranks: 2 workers and 1 server).
+    marker, seen, stop = str(tmp_path / "runs"), set(), threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(_training_processes(marker))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        dag_run, tis = _run_dag(airflow_home, "ddlbench_nightly",
+                                {"spec_path": str(SMOKE), "home": str(tmp_path), "overrides": overrides},
+                                change=short_timeout, mark_success_pattern="microbench|profile|fit|predict")
+    finally:
+        stop.set()
+        watcher.join()
+
+    states = {t["task_id"]: t["state"] for t in tis}
+    assert states["train"] == "failed" and states["validate"] == "upstream_failed"
+    assert states["teardown"] == "success" and states["finish"] == "success"
+    assert str(dag_run.state) == "failed"
+    assert len(seen) >= 4, f"the training job never ran: saw processes {sorted(seen)}"
+    assert _training_processes(marker) == []
+
+    ctx = _ctx_of(tmp_path)
+    runs = _runs(ctx)
+    (trained,) = [r for r in runs if "ddlbench.config_key" in r.data.tags]
+    assert trained.info.status == "FAILED"
+    assert all(r.info.status != "RUNNING" for r in runs)
+    assert {r.info.run_id: r.info.status for r in runs}[ctx["parent_run_id"]] == "FAILED"

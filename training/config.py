@@ -44,11 +44,11 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_assignment=True)
 
-    model: str = Field("lenet5", description="mlp, lenet5, resnet20 or a torchvision classifier (resnet50, alexnet, ...).")
+    model: str = Field("lenet5", description="mlp, lenet5, resnet20 or a torchvision classifier (resnet50, ...).")
     dataset: str = Field("digits", description="Dataset: synthetic, digits, mnist, cifar10 or imagefolder.")
     data_root: Path | None = Field(None, description="Local root of mnist, cifar10 or imagefolder data.")
     download: bool = Field(False, description="Allow torchvision to download mnist/cifar10 into data_root.")
-    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W fed to the model; default: its natural shape.")
+    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W fed to the model (default: natural).")
     num_classes: int | None = Field(None, ge=2, description="Number of classes; default: the dataset's.")
     synthetic_samples: int = Field(4096, ge=16, description="Training samples of the synthetic dataset.")
     algorithm: Algorithm = Field(Algorithm.ssgd, description="Update algorithm: ssgd, asgd or odsgd.")
