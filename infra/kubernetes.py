@@ -1,0 +1,262 @@
+"""The `kubernetes` provider: a job's nodes as the pods of an Indexed Job, one torchrun per pod.
+
+Per run the provider creates a headless Service and an Indexed Job with `completions =
+parallelism = nodes`. Pod k gets `JOB_COMPLETION_INDEX=k` (its node rank) and, through the
+Job's `subdomain`, the DNS name `<job>-k.<job>`; pod 0 hosts torchrun's static rendezvous.
+GPU requests, node selectors and tolerations come from the options. The job is watched
+until it completes or fails (or its timeout passes), every pod's log is collected into the
+job's log file, and the Job (with its pods) and the Service are deleted.
+
+Run directories are paths on a volume every pod and the submitter share: mount a
+ReadWriteMany claim (`volume_claim`) at the same path as the run home (`mount_path`).
+The image must hold this repository and its dependencies (infra/deploy/kubernetes/).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from typing import Any
+
+from infra.base import (
+    Job,
+    JobResult,
+    Node,
+    Provider,
+    ProviderError,
+    failed_ranks_from_log,
+    torchrun_shell,
+)
+
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+JOB_LABEL = "ddlbench.io/job"
+
+
+class KubernetesProvider(Provider):
+    """Jobs as Indexed Jobs: `nodes` pods, world_size / nodes ranks per pod."""
+
+    name = "kubernetes"
+
+    def __init__(self, nodes: int = 1, image: str = "ddlbench:latest", namespace: str = "default",
+                 gpus_per_node: int = 0, node_selector: dict[str, str] | None = None,
+                 tolerations: list[dict[str, Any]] | None = None, cpu: str | None = None,
+                 memory: str | None = None, volume_claim: str | None = None,
+                 mount_path: str | None = None, service_account: str | None = None,
+                 python: str = "python", master_port: int = 29500, name_prefix: str = "ddlbench",
+                 kubeconfig: str | None = None, context: str | None = None,
+                 api_server: str | None = None, threads_per_process: int = 1,
+                 poll_s: float = 2.0) -> None:
+        for field, value, least in (("nodes", nodes, 1), ("gpus_per_node", gpus_per_node, 0)):
+            if not isinstance(value, int) or value < least:
+                raise ProviderError(f"provider.options.{field}: expected an integer >= {least}, "
+                                    f"got {value!r}")
+        if not _NAME_RE.match(name_prefix):
+            raise ProviderError(f"provider.options.name_prefix: {name_prefix!r} is not a DNS label "
+                                "(lowercase letters, digits and '-', at most 40 characters)")
+        selector = node_selector or {}
+        if not isinstance(selector, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in selector.items()):
+            raise ProviderError("provider.options.node_selector: expected a mapping of label to "
+                                f"value, got {node_selector!r}")
+        for i, tol in enumerate(tolerations or []):
+            if not isinstance(tol, dict) or not tol or set(tol) - _TOLERATION_KEYS:
+                raise ProviderError(f"provider.options.tolerations[{i}]: expected a mapping with "
+                                    f"keys among {sorted(_TOLERATION_KEYS)}, got {tol!r}")
+        if volume_claim and not mount_path:
+            raise ProviderError("provider.options.mount_path: volume_claim needs the path to mount "
+                                "it at (the run home, the same path as on the submitter)")
+        self.nodes = nodes
+        self.image = image
+        self.namespace = namespace
+        self.gpus_per_node = gpus_per_node
+        self.node_selector = selector
+        self.tolerations = tolerations or []
+        self.cpu, self.memory = cpu, memory
+        self.volume_claim, self.mount_path = volume_claim, mount_path
+        self.service_account = service_account
+        self.python = python
+        self.master_port = master_port
+        self.name_prefix = name_prefix
+        self.kubeconfig, self.context, self.api_server = kubeconfig, context, api_server
+        self.threads = threads_per_process
+        self.poll_s = poll_s
+        self.last_job_name: str | None = None
+        self._api: Any = None
+        self._created: list[tuple[str, str]] = []
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def objects(self, job: Job, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The headless Service and the Indexed Job of a run, as Kubernetes API dicts."""
+        if job.world_size % self.nodes:
+            raise ProviderError(f"kubernetes: world size {job.world_size} does not split evenly "
+                                f"over {self.nodes} nodes (torchrun starts as many ranks on each)")
+        labels = {"app.kubernetes.io/name": "ddlbench", JOB_LABEL: name}
+        service = {
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+            # headless, and published before readiness: pods resolve <job>-0.<job> while starting
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {JOB_LABEL: name},
+                     "ports": [{"name": "rendezvous", "port": self.master_port}]},
+        }
+        command = torchrun_shell(job.world_size // self.nodes, self.nodes, job.module, job.args,
+                                 '"$JOB_COMPLETION_INDEX"', f"{name}-0.{name}",
+                                 str(self.master_port), self.python)
+        env = {"OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"} | job.env
+        resources: dict[str, dict[str, str]] = {}
+        if self.cpu:
+            resources.setdefault("requests", {})["cpu"] = self.cpu
+        if self.memory:
+            resources.setdefault("requests", {})["memory"] = self.memory
+        if self.gpus_per_node:
+            # extended resources: the limit is the request
+            resources["limits"] = {"nvidia.com/gpu": str(self.gpus_per_node)}
+        container: dict[str, Any] = {
+            "name": "torchrun", "image": self.image, "command": ["bash", "-c", command],
+            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "ports": [{"containerPort": self.master_port, "name": "rendezvous"}],
+            "resources": resources,
+        }
+        pod_spec: dict[str, Any] = {"subdomain": name, "restartPolicy": "Never",
+                                    "containers": [container]}
+        if self.node_selector:
+            pod_spec["nodeSelector"] = self.node_selector
+        if self.tolerations:
+            pod_spec["tolerations"] = self.tolerations
+        if self.service_account:
+            pod_spec["serviceAccountName"] = self.service_account
+        if self.volume_claim:
+            container["volumeMounts"] = [{"name": "runs", "mountPath": self.mount_path}]
+            pod_spec["volumes"] = [{"name": "runs",
+                                    "persistentVolumeClaim": {"claimName": self.volume_claim}}]
+        job_spec: dict[str, Any] = {
+            "completionMode": "Indexed", "completions": self.nodes, "parallelism": self.nodes,
+            "backoffLimit": 0,  # a failed rank fails the run; torchrun does not restart either
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        }
+        if job.timeout_s is not None:
+            job_spec["activeDeadlineSeconds"] = max(1, int(job.timeout_s))
+        k8s_job = {"apiVersion": "batch/v1", "kind": "Job",
+                   "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+                   "spec": job_spec}
+        return service, k8s_job
+
+    # -- API -------------------------------------------------------------------------------
+
+    def _client(self) -> Any:
+        if self._api is not None:
+            return self._api
+        from kubernetes import client, config
+
+        try:
+            if self.api_server:
+                cfg = client.Configuration(host=self.api_server)
+                api = client.ApiClient(cfg)
+            elif os.environ.get("KUBERNETES_SERVICE_HOST") and not self.kubeconfig:
+                config.load_incluster_config()
+                api = client.ApiClient()
+            else:
+                api = config.new_client_from_config(config_file=self.kubeconfig,
+                                                    context=self.context)
+        except config.ConfigException as err:
+            raise ProviderError(f"kubernetes: no cluster to talk to ({err}); give "
+                                "provider.options.kubeconfig or run inside a cluster") from None
+        self._api = (client.CoreV1Api(api), client.BatchV1Api(api), client.VersionApi(api))
+        return self._api
+
+    def provision(self) -> list[Node]:
+        """Check the API server answers; the scheduler places the pods when a job is created."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            self._client()[2].get_code()
+        except (ApiException, HTTPError, OSError) as err:
+            raise ProviderError(f"kubernetes: the API server does not answer: {err}") from None
+        return [Node(f"index-{i}", f"<job>-{i}.<job>.{self.namespace}") for i in
+                range(self.nodes)]
+
+    def run(self, job: Job, echo: bool = True) -> JobResult:
+        name = f"{self.name_prefix}-{secrets.token_hex(4)}"
+        service, k8s_job = self.objects(job, name)
+        self.provision()
+        core, batch, _ = self._client()
+        self.last_job_name = name
+        start = time.monotonic()
+        self._created.append(("service", name))
+        core.create_namespaced_service(self.namespace, service)
+        self._created.append(("job", name))
+        batch.create_namespaced_job(self.namespace, k8s_job)
+        deadline = None if job.timeout_s is None else start + job.timeout_s
+        try:
+            while (outcome := self.job_outcome(name)) == "running":
+                if deadline is not None and time.monotonic() > deadline:
+                    outcome = "timeout"
+                    break
+                time.sleep(self.poll_s)
+            self.collect_logs(name, job, echo)
+        finally:
+            self.delete(name)
+        rc = {"succeeded": 0, "failed": 1, "timeout": 124}[outcome]
+        text = job.log_path.read_text(errors="replace") if job.log_path.exists() else ""
+        return JobResult(rc, time.monotonic() - start, job.log_path,
+                         failed_ranks_from_log(text) if rc else [], outcome == "timeout")
+
+    def job_outcome(self, name: str) -> str:
+        """running, succeeded, failed or timeout, from the Job's status and conditions."""
+        status = self._client()[1].read_namespaced_job_status(name, self.namespace).status
+        conditions = {c.type: c for c in (status.conditions or []) if c.status == "True"}
+        if "Complete" in conditions or (status.succeeded or 0) >= self.nodes:
+            return "succeeded"
+        if "Failed" in conditions:
+            # activeDeadlineSeconds (the job's timeout) passed
+            return "timeout" if conditions["Failed"].reason == "DeadlineExceeded" else "failed"
+        return "failed" if (status.failed or 0) > 0 else "running"
+
+    def collect_logs(self, name: str, job: Job, echo: bool) -> None:
+        """Every pod's log, in node order, into the job's log file."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._client()[0]
+        pods = core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={name}").items
+
+        def index(pod: Any) -> int:
+            annotations = pod.metadata.annotations or {}
+            return int(annotations.get("batch.kubernetes.io/job-completion-index", 0))
+
+        job.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(job.log_path, "w") as log:
+            for pod in sorted(pods, key=index):
+                try:
+                    text = core.read_namespaced_pod_log(pod.metadata.name, self.namespace)
+                except ApiException as err:  # a pod that never started has no log
+                    text = f"(no log: {err.reason})\n"
+                block = f"==> node {index(pod)} ({pod.metadata.name}) <==\n{text}"
+                log.write(block if block.endswith("\n") else block + "\n")
+                if echo:
+                    print(block)
+
+    def delete(self, name: str) -> None:
+        """Delete the Job (its pods with it) and the Service; a missing object is fine."""
+        from kubernetes.client.exceptions import ApiException
+
+        core, batch, _ = self._client()
+        for kind, obj in [k for k in self._created if k[1] == name]:
+            try:
+                if kind == "job":
+                    batch.delete_namespaced_job(obj, self.namespace,
+                                                propagation_policy="Background")
+                else:
+                    core.delete_namespaced_service(obj, self.namespace)
+            except ApiException as err:
+                if err.status != 404:
+                    raise ProviderError(f"kubernetes: deleting {kind} {obj}: {err}") from None
+            self._created.remove((kind, obj))
+
+    def teardown(self) -> None:
+        for name in {obj for _, obj in self._created}:
+            self.delete(name)

@@ -1,0 +1,346 @@
+"""The `kubernetes` provider without a cluster.
+
+The generated objects are checked against the client library's API models, and the
+submit / watch / logs / delete logic runs through the real Kubernetes client against a small
+HTTP server started here (127.0.0.1 only) that speaks the few API calls the provider uses,
+in the shapes the API documents. It validates what it receives as a real API server would.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+from kubernetes import client
+
+from infra import Job, ProviderError, get_provider
+from infra.kubernetes import JOB_LABEL, KubernetesProvider
+
+DEPLOY = Path(__file__).resolve().parent.parent / "infra" / "deploy" / "kubernetes"
+ROOT_CAUSE = """[rank1]: RuntimeError: boom
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_00:00:00
+  host      : {pod}
+  rank      : 1 (local_rank: 0)
+  exitcode  : 1 (pid: 42)
+"""
+
+
+def validated(model: type, body: dict) -> object:
+    """The body as a client model; unknown or misspelled fields fail (from_dict drops them)."""
+    obj = model.from_dict(body)
+    assert client.ApiClient().sanitize_for_serialization(obj) == body
+    return obj
+
+
+class FakeApiServer(ThreadingHTTPServer):
+    """Jobs, services, pods and logs in memory; `outcome` decides how each job ends."""
+
+    def __init__(self, outcome: str, nodes: int) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.outcome, self.nodes = outcome, nodes
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.polls: dict[str, int] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def job_status(self, name: str) -> dict:
+        self.polls[name] = self.polls.get(name, 0) + 1
+        if self.polls[name] < 2 or self.outcome == "hang":
+            return {"active": self.nodes, "startTime": "2026-01-01T00:00:00Z"}
+        if self.outcome == "succeed":
+            return {
+                "succeeded": self.nodes,
+                "completedIndexes": f"0-{self.nodes - 1}",
+                "conditions": [{"type": "Complete", "status": "True"}],
+            }
+        reason = "DeadlineExceeded" if self.outcome == "deadline" else "BackoffLimitExceeded"
+        return {"failed": 1, "active": 0, "conditions": [{"type": "Failed", "status": "True", "reason": reason}]}
+
+    def pods(self, namespace: str, job: str) -> list[dict]:
+        if ("jobs", namespace, job) not in self.objects:
+            return []
+        return [
+            {
+                "metadata": {
+                    "name": f"{job}-{i}-x{i}",
+                    "namespace": namespace,
+                    "labels": {JOB_LABEL: job},
+                    "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
+                }
+            }
+            for i in reversed(range(self.nodes))
+        ]
+
+    def log(self, pod: str) -> str:
+        index = int(pod.split("-")[-2])
+        if self.outcome == "fail" and index == 1:
+            return ROOT_CAUSE.format(pod=pod)
+        return f"node {index} trained\n"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeApiServer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def reply(self, code: int, body: dict | str) -> None:
+        data = (body if isinstance(body, str) else json.dumps(body)).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def status(self, code: int, reason: str, message: str) -> None:
+        self.reply(
+            code,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "code": code,
+                "reason": reason,
+                "message": message,
+            },
+        )
+
+    def route(self) -> tuple[str, str, str | None, str | None]:
+        url = urlparse(self.path)
+        self.server.requests.append((self.command, url.path))
+        m = re.fullmatch(
+            r"/apis?/(?:batch/)?v1/namespaces/([^/]+)/(jobs|services|pods)"
+            r"(?:/([^/]+))?(?:/(status|log))?",
+            url.path,
+        )
+        if not m:
+            return url.path, "", None, None
+        ns, kind, name, sub = m.groups()
+        return kind, ns, name, sub
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/version":
+            return self.reply(
+                200,
+                {
+                    "major": "1",
+                    "minor": "30",
+                    "gitVersion": "v1.30.0",
+                    "gitCommit": "0" * 40,
+                    "gitTreeState": "clean",
+                    "buildDate": "2026-01-01T00:00:00Z",
+                    "goVersion": "go1.22",
+                    "compiler": "gc",
+                    "platform": "linux/amd64",
+                },
+            )
+        kind, ns, name, sub = self.route()
+        if kind == "jobs" and sub == "status" and ("jobs", ns, name) in self.server.objects:
+            body = dict(self.server.objects[("jobs", ns, name)])
+            return self.reply(200, body | {"status": self.server.job_status(name)})
+        if kind == "pods" and name is None:
+            selector = parse_qs(urlparse(self.path).query).get("labelSelector", [""])[0]
+            job = selector.removeprefix(f"{JOB_LABEL}=")
+            return self.reply(
+                200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": self.server.pods(ns, job)}
+            )
+        if kind == "pods" and sub == "log":
+            return self.reply(200, self.server.log(name))
+        self.status(404, "NotFound", f"{self.path} not found")
+
+    def do_POST(self) -> None:
+        kind, ns, name, _ = self.route()
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        model = {"jobs": client.V1Job, "services": client.V1Service}.get(kind)
+        if model is None or name is not None:
+            return self.status(404, "NotFound", f"{self.path} not found")
+        try:
+            validated(model, body)
+        except Exception as err:  # the API server answers 422 Invalid to a malformed object
+            return self.status(422, "Invalid", str(err))
+        key = (kind, ns, body["metadata"]["name"])
+        if key in self.server.objects:
+            return self.status(409, "AlreadyExists", f"{key} exists")
+        self.server.objects[key] = body
+        self.reply(201, body)
+
+    def do_DELETE(self) -> None:
+        kind, ns, name, _ = self.route()
+        body = self.server.objects.pop((kind, ns, name), None)
+        if body is None:
+            return self.status(404, "NotFound", f"{kind} {name} not found")
+        # as documented: a deleted Service comes back as itself, a deleted Job as a Status
+        if kind == "services":
+            return self.reply(200, body)
+        self.reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+
+@pytest.fixture
+def api_server(request):
+    outcome, nodes = request.param
+    server = FakeApiServer(outcome, nodes)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def provider_options(**extra) -> dict:
+    return {
+        "nodes": 2,
+        "image": "registry.example/ddlbench:1.0",
+        "namespace": "bench",
+        "gpus_per_node": 4,
+        "node_selector": {"nvidia.com/gpu.product": "H100"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "cpu": "8",
+        "memory": "32Gi",
+        "volume_claim": "ddlbench-runs",
+        "mount_path": "/runs",
+    } | extra
+
+
+def test_objects_validate_against_the_api_models(tmp_path):
+    provider = KubernetesProvider(**provider_options())
+    job = Job(
+        module="training.run",
+        args=["/runs/lenet5 a"],
+        world_size=8,
+        log_path=tmp_path / "launcher.log",
+        env={"NCCL_DEBUG": "WARN"},
+        timeout_s=600,
+    )
+    service, k8s_job = provider.objects(job, "ddlbench-abc")
+    svc = validated(client.V1Service, service)
+    kj = validated(client.V1Job, k8s_job)
+    assert svc.spec.cluster_ip == "None" and svc.spec.selector == {JOB_LABEL: "ddlbench-abc"}
+    assert kj.spec.completion_mode == "Indexed" and kj.spec.completions == kj.spec.parallelism == 2
+    assert kj.spec.backoff_limit == 0 and kj.spec.active_deadline_seconds == 600
+    pod = kj.spec.template.spec
+    assert kj.spec.template.metadata.labels[JOB_LABEL] == "ddlbench-abc"
+    assert pod.subdomain == "ddlbench-abc" and pod.restart_policy == "Never"
+    assert pod.node_selector == {"nvidia.com/gpu.product": "H100"}
+    assert pod.tolerations[0].key == "nvidia.com/gpu" and pod.tolerations[0].effect == "NoSchedule"
+    assert pod.volumes[0].persistent_volume_claim.claim_name == "ddlbench-runs"
+    (container,) = pod.containers
+    assert container.image == "registry.example/ddlbench:1.0"
+    assert container.resources.limits == {"nvidia.com/gpu": "4"}
+    assert container.resources.requests == {"cpu": "8", "memory": "32Gi"}
+    assert container.volume_mounts[0].mount_path == "/runs"
+    assert {e.name: e.value for e in container.env}["NCCL_DEBUG"] == "WARN"
+    command = container.command[2]
+    for word in (
+        "--nproc-per-node=4",
+        "--nnodes=2",
+        '--node-rank="$JOB_COMPLETION_INDEX"',
+        "--master-addr=ddlbench-abc-0.ddlbench-abc",
+        "--master-port=29500",
+        "-m training.run '/runs/lenet5 a'",
+    ):
+        assert word in command
+
+
+def test_option_errors(tmp_path):
+    with pytest.raises(ProviderError, match=r"provider.options.tolerations\[0\]"):
+        KubernetesProvider(tolerations=[{"kee": "x"}])
+    with pytest.raises(ProviderError, match="provider.options.node_selector"):
+        KubernetesProvider(node_selector={"gpu": 1})
+    with pytest.raises(ProviderError, match="provider.options.mount_path"):
+        KubernetesProvider(volume_claim="runs")
+    with pytest.raises(ProviderError, match="provider.options.name_prefix"):
+        KubernetesProvider(name_prefix="DDL_bench")
+    with pytest.raises(ProviderError, match="provider.options: .*unexpected keyword argument 'gpu'"):
+        get_provider("kubernetes", gpu=1)
+    with pytest.raises(ProviderError, match="world size 3 does not split evenly over 2 nodes"):
+        KubernetesProvider(nodes=2).objects(Job("training.run", [], 3, tmp_path / "log"), "x")
+
+
+def test_an_unreachable_api_server_is_a_clear_error():
+    provider = KubernetesProvider(api_server="http://127.0.0.1:9")
+    with pytest.raises(ProviderError, match="kubernetes: the API server does not answer"):
+        provider.provision()
+
+
+def run_through(server: FakeApiServer, tmp_path: Path, timeout_s: float | None = 60):
+    provider = get_provider("kubernetes", **provider_options(api_server=server.url, poll_s=0.05))
+    job = Job(
+        module="training.run",
+        args=[str(tmp_path)],
+        world_size=2,
+        log_path=tmp_path / "launcher.log",
+        timeout_s=timeout_s,
+    )
+    with provider:
+        result = provider.run(job, echo=False)
+    return provider, result
+
+
+@pytest.mark.parametrize("api_server", [("succeed", 2)], indirect=True)
+def test_submit_watch_collect_delete(api_server, tmp_path):
+    provider, result = run_through(api_server, tmp_path)
+    name = provider.last_job_name
+    assert result.ok and result.returncode == 0
+    assert result.log_path.read_text() == (
+        f"==> node 0 ({name}-0-x0) <==\nnode 0 trained\n==> node 1 ({name}-1-x1) <==\nnode 1 trained\n"
+    )
+    assert api_server.objects == {}
+    calls = [(m, p) for m, p in api_server.requests]
+    assert calls[:2] == [
+        ("POST", "/api/v1/namespaces/bench/services"),
+        ("POST", "/apis/batch/v1/namespaces/bench/jobs"),
+    ]
+    assert ("DELETE", f"/apis/batch/v1/namespaces/bench/jobs/{name}") in calls
+    assert ("DELETE", f"/api/v1/namespaces/bench/services/{name}") in calls
+    assert api_server.polls[name] == 2
+
+
+@pytest.mark.parametrize("api_server", [("fail", 2)], indirect=True)
+def test_a_failed_pod_fails_the_job_and_names_its_rank(api_server, tmp_path):
+    _, result = run_through(api_server, tmp_path)
+    assert not result.ok and not result.timed_out
+    assert result.failed_ranks == [{"rank": 1, "exitcode": 1}]
+    assert api_server.objects == {}
+
+
+@pytest.mark.parametrize("api_server", [("hang", 2)], indirect=True)
+def test_a_job_past_its_timeout_is_deleted(api_server, tmp_path):
+    _, result = run_through(api_server, tmp_path, timeout_s=0.5)
+    assert result.timed_out and result.returncode == 124
+    assert 0.5 <= result.duration_s < 5
+    assert api_server.objects == {}
+
+
+@pytest.mark.parametrize("api_server", [("deadline", 2)], indirect=True)
+def test_the_active_deadline_counts_as_a_timeout(api_server, tmp_path):
+    _, result = run_through(api_server, tmp_path)
+    assert result.timed_out and not result.ok
+    assert api_server.objects == {}
+
+
+def test_the_rbac_role_allows_every_call_the_provider_makes():
+    docs = list(yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()))
+    role = next(d for d in docs if d["kind"] == "Role")
+    allowed = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+    needed = {
+        ("jobs", "create"),
+        ("jobs", "delete"),
+        ("jobs/status", "get"),
+        ("services", "create"),
+        ("services", "delete"),
+        ("pods", "list"),
+        ("pods/log", "get"),
+    }
+    assert needed <= allowed
+    assert {d["kind"] for d in docs} == {"ServiceAccount", "Role", "RoleBinding"}
