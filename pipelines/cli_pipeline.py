@@ -24,8 +24,7 @@ def _overrides(values: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str | None,
-         sets: tuple[str, ...]) -> None:
+def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str | None, sets: tuple[str, ...]) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -38,19 +37,28 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
         os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
     console = Console()
     try:
-        ctx = steps.start(str(spec), run_key=run_key, home=str(home) if home else None,
-                          overrides=_overrides(sets) or None)
+        ctx = steps.start(
+            str(spec), run_key=run_key, home=str(home) if home else None, overrides=_overrides(sets) or None
+        )
     except (SpecError, ConfigError) as err:
         raise click.UsageError(str(err)) from None
-    console.print(f"run [bold]{ctx['run_key']}[/] in {ctx['run_dir']}  (MLflow {ctx['tracking_uri']}, "
-                  f"experiment {ctx['experiment']})")
+    console.print(
+        f"run [bold]{ctx['run_key']}[/] in {ctx['run_dir']}  (MLflow {ctx['tracking_uri']}, "
+        f"experiment {ctx['experiment']})"
+    )
     failed = False
     trained: list[dict[str, Any]] = []
     validation: dict[str, Any] = {}
     result: dict[str, Any] = {}
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
+
         def stage(name: str, fn: Any, *args: Any) -> Any:
             task = progress.add_task(name, total=1)
             out = fn(ctx, *args)
@@ -72,8 +80,7 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
                 except JobFailed as err:
                     failed = True
                     console.print(f"[red]train {entry['key']} failed:[/] {err}")
-                    trained.append({"key": entry["key"], "status": "FAILED", "run_dir": None,
-                                    "mlflow_run_id": None})
+                    trained.append({"key": entry["key"], "status": "FAILED", "run_dir": None, "mlflow_run_id": None})
                 progress.advance(task)
             progress.update(task, description="train")
             validation = stage("validate", steps.validate, trained)
@@ -85,15 +92,23 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
             steps.teardown(ctx)
             done = steps.finish(ctx, failed=failed)
             if done["pending"]:
-                console.print(f"[yellow]MLflow unreachable: {done['pending']} journal entries wait for "
-                              f"`ddlbench sync {ctx['run_dir']}`[/]")
+                console.print(
+                    f"[yellow]MLflow unreachable: {done['pending']} journal entries wait for "
+                    f"`ddlbench sync {ctx['run_dir']}`[/]"
+                )
     _print_run_summary(console, ctx, trained, validation, result, done)
     if failed:
         sys.exit(1)
 
 
-def _print_run_summary(console: Any, ctx: dict[str, Any], trained: list[dict[str, Any]],
-                       validation: dict[str, Any], result: dict[str, Any], done: dict[str, Any]) -> None:
+def _print_run_summary(
+    console: Any,
+    ctx: dict[str, Any],
+    trained: list[dict[str, Any]],
+    validation: dict[str, Any],
+    result: dict[str, Any],
+    done: dict[str, Any],
+) -> None:
     import json
 
     from rich.table import Table
@@ -105,35 +120,55 @@ def _print_run_summary(console: Any, ctx: dict[str, Any], trained: list[dict[str
         t.add_column(col, justify="left" if col in ("config", "status") else "right")
     for e in trained:
         s = json.loads(Path(e["run_dir"], "summary.json").read_text()) if e.get("run_dir") else {}
-        t.add_row(e["key"], e["status"], _fmt(s.get("throughput_samples_per_s")),
-                  _fmt((s.get("iter_time_s") or {}).get("p50")), _fmt(s.get("final_accuracy")))
+        t.add_row(
+            e["key"],
+            e["status"],
+            _fmt(s.get("throughput_samples_per_s")),
+            _fmt((s.get("iter_time_s") or {}).get("p50")),
+            _fmt(s.get("final_accuracy")),
+        )
     console.print(t)
     if validation.get("median_abs_error") is not None:
-        console.print(f"prediction error: median {validation['median_abs_error']:.1%}, "
-                      f"worst {validation['worst_abs_error']:.1%}")
+        console.print(
+            f"prediction error: median {validation['median_abs_error']:.1%}, worst {validation['worst_abs_error']:.1%}"
+        )
     for name, best in (result.get("best") or {}).items():
         console.print(f"best for {name}: {best['fastest']} ({_fmt(best['throughput_samples_per_s'])} samples/s)")
     if result:
-        console.print(f"regression check: {result['status']}"
-                      + (f" vs {result['baseline_run_key']}" if result.get("baseline_run_key") else "")
-                      + (f", {len(result['regressions'])} regression(s)" if result["regressions"] else ""))
+        console.print(
+            f"regression check: {result['status']}"
+            + (f" vs {result['baseline_run_key']}" if result.get("baseline_run_key") else "")
+            + (f", {len(result['regressions'])} regression(s)" if result["regressions"] else "")
+        )
         console.print(f"report: {result['report_md']}")
     console.print(f"MLflow parent run: {done['parent_run_id'] or '(not yet uploaded)'}")
 
 
 run = click.Command(
-    "run", callback=_run,
+    "run",
+    callback=_run,
     help="Run a benchmark spec end to end without Airflow: provision, microbench, profile, fit, "
-         "predict, train the grid, validate, report, teardown. Rerunning a run key resumes it.",
+    "predict, train the grid, validate, report, teardown. Rerunning a run key resumes it.",
     params=[
         click.Argument(["spec"], type=click.Path(path_type=Path, exists=True, dir_okay=False)),
         click.Option(["--run-key"], default=None, help="Resume or name this run; default: name-time-hash."),
-        click.Option(["--home"], type=click.Path(path_type=Path), default=None,
-                     help="Run dirs and the default MLflow store; default $DDLBENCH_HOME or ./.ddlbench."),
-        click.Option(["--tracking-uri"], default=None,
-                     help="MLflow tracking URI; default $MLFLOW_TRACKING_URI or sqlite:///<home>/mlflow.db."),
-        click.Option(["--set", "sets"], multiple=True, metavar="KEY=VALUE",
-                     help="Override a spec field (dotted keys reach into sections); repeatable."),
+        click.Option(
+            ["--home"],
+            type=click.Path(path_type=Path),
+            default=None,
+            help="Run dirs and the default MLflow store; default $DDLBENCH_HOME or ./.ddlbench.",
+        ),
+        click.Option(
+            ["--tracking-uri"],
+            default=None,
+            help="MLflow tracking URI; default $MLFLOW_TRACKING_URI or sqlite:///<home>/mlflow.db.",
+        ),
+        click.Option(
+            ["--set", "sets"],
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Override a spec field (dotted keys reach into sections); repeatable.",
+        ),
     ],
 )
 
@@ -145,7 +180,8 @@ def _sync(targets: tuple[str, ...], home: Path | None, tracking_uri: str | None)
 
     runs_root = (home or steps.default_home()) / "runs"
     dirs = [Path(t) if Path(t).is_dir() else runs_root / t for t in targets] or sorted(
-        p.parent for p in runs_root.glob("*/ctx.json"))
+        p.parent for p in runs_root.glob("*/ctx.json")
+    )
     console = Console()
     pending = 0
     for d in dirs:
@@ -161,9 +197,10 @@ def _sync(targets: tuple[str, ...], home: Path | None, tracking_uri: str | None)
 
 
 sync = click.Command(
-    "sync", callback=_sync,
+    "sync",
+    callback=_sync,
     help="Upload to MLflow what run journals hold and MLflow lacks; mark runs left RUNNING by killed "
-         "processes FAILED. TARGETS: run dirs or run keys (default: every run under home).",
+    "processes FAILED. TARGETS: run dirs or run keys (default: every run under home).",
     params=[
         click.Argument(["targets"], nargs=-1),
         click.Option(["--home"], type=click.Path(path_type=Path), default=None),
@@ -181,8 +218,9 @@ def _day(value: str | None) -> int | None:
         raise click.BadParameter(f"expected a date such as 2026-11-29, got {value!r}") from None
 
 
-def compare_rows(client: Any, experiment_id: str, hardware: str | None, since_ms: int | None,
-                 until_ms: int | None) -> list[dict[str, Any]]:
+def compare_rows(
+    client: Any, experiment_id: str, hardware: str | None, since_ms: int | None, until_ms: int | None
+) -> list[dict[str, Any]]:
     """Per pipeline run and config: median throughput and accuracy over repeats (MLflow search)."""
     filters = ["tags.`ddlbench.node` = 'pipeline'"]
     if hardware:
@@ -191,39 +229,54 @@ def compare_rows(client: Any, experiment_id: str, hardware: str | None, since_ms
         filters.append(f"attributes.start_time >= {since_ms}")
     if until_ms is not None:
         filters.append(f"attributes.start_time < {until_ms}")
-    parents = client.search_runs([experiment_id], " AND ".join(filters), order_by=["attributes.start_time DESC"],
-                                 max_results=200)
+    parents = client.search_runs(
+        [experiment_id], " AND ".join(filters), order_by=["attributes.start_time DESC"], max_results=200
+    )
     rows = []
     for p in parents:
         key = p.data.tags.get("ddlbench.run_key")
-        children = client.search_runs([experiment_id], f"tags.`ddlbench.run_key` = '{key}' AND "
-                                      "tags.`ddlbench.step` = 'train' AND attributes.status = 'FINISHED'",
-                                      max_results=5000)
+        children = client.search_runs(
+            [experiment_id],
+            f"tags.`ddlbench.run_key` = '{key}' AND tags.`ddlbench.step` = 'train' AND attributes.status = 'FINISHED'",
+            max_results=5000,
+        )
         by: dict[str, list[Any]] = {}
         for c in children:
             t = c.data.tags
-            config = (f"{t.get('ddlbench.model')}-{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
-                      f"-w{t.get('ddlbench.workers')}-b{t.get('ddlbench.batch_size')}")
+            config = (
+                f"{t.get('ddlbench.model')}-{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
+                f"-w{t.get('ddlbench.workers')}-b{t.get('ddlbench.batch_size')}"
+            )
             by.setdefault(config, []).append(c)
         for config, cs in sorted(by.items()):
+
             def med(name: str, cs: list[Any] = cs) -> float | None:
                 vals = [c.data.metrics[name] for c in cs if name in c.data.metrics]
                 return statistics.median(vals) if vals else None
 
             t = cs[0].data.tags
-            rows.append({"run_key": key, "date": datetime.fromtimestamp(p.info.start_time / 1000, UTC),
-                         "hardware": p.data.tags.get("ddlbench.hardware"), "status": p.info.status,
-                         "config": config, "group": f"{t.get('ddlbench.model')}-w{t.get('ddlbench.workers')}"
-                                                    f"-b{t.get('ddlbench.batch_size')}",
-                         "algorithm": f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}",
-                         "repeats": len(cs), "throughput_samples_per_s": med("throughput_samples_per_s"),
-                         "final_accuracy": med("final_accuracy"), "time_to_accuracy_s": med("time_to_accuracy_s"),
-                         "regression": p.data.tags.get("ddlbench.regression", "-")})
+            rows.append(
+                {
+                    "run_key": key,
+                    "date": datetime.fromtimestamp(p.info.start_time / 1000, UTC),
+                    "hardware": p.data.tags.get("ddlbench.hardware"),
+                    "status": p.info.status,
+                    "config": config,
+                    "group": f"{t.get('ddlbench.model')}-w{t.get('ddlbench.workers')}-b{t.get('ddlbench.batch_size')}",
+                    "algorithm": f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}",
+                    "repeats": len(cs),
+                    "throughput_samples_per_s": med("throughput_samples_per_s"),
+                    "final_accuracy": med("final_accuracy"),
+                    "time_to_accuracy_s": med("time_to_accuracy_s"),
+                    "regression": p.data.tags.get("ddlbench.regression", "-"),
+                }
+            )
     return rows
 
 
-def _compare(suite: str, hardware: str | None, since: str | None, until: str | None, home: Path | None,
-             tracking_uri: str | None) -> None:
+def _compare(
+    suite: str, hardware: str | None, since: str | None, until: str | None, home: Path | None, tracking_uri: str | None
+) -> None:
     from mlflow import MlflowClient
     from rich.console import Console
     from rich.table import Table
@@ -242,27 +295,48 @@ def _compare(suite: str, hardware: str | None, since: str | None, until: str | N
         console.print("no runs found")
         return
     t = Table(title=f"ddlbench-{suite}" + (f" on {hardware}" if hardware else ""))
-    for col in ("run", "date", "hardware", "config", "repeats", "throughput_samples_per_s", "final_accuracy",
-                "time_to_accuracy_s", "regression", "best"):
+    for col in (
+        "run",
+        "date",
+        "hardware",
+        "config",
+        "repeats",
+        "throughput_samples_per_s",
+        "final_accuracy",
+        "time_to_accuracy_s",
+        "regression",
+        "best",
+    ):
         t.add_column(col)
     best: dict[tuple[str, str], str] = {}
     for r in rows:
         group = (r["run_key"], r["group"])
-        current = next((o for o in rows if (o["run_key"], o["group"]) == group
-                        and o["algorithm"] == best.get(group)), None)
+        current = next(
+            (o for o in rows if (o["run_key"], o["group"]) == group and o["algorithm"] == best.get(group)), None
+        )
         if current is None or (r["throughput_samples_per_s"] or 0) > (current["throughput_samples_per_s"] or 0):
             best[group] = r["algorithm"]
     for r in rows:
-        t.add_row(r["run_key"], f"{r['date']:%Y-%m-%d %H:%M}", r["hardware"], r["config"], str(r["repeats"]),
-                  _fmt(r["throughput_samples_per_s"]), _fmt(r["final_accuracy"]), _fmt(r["time_to_accuracy_s"]),
-                  r["regression"], "*" if best[(r["run_key"], r["group"])] == r["algorithm"] else "")
+        t.add_row(
+            r["run_key"],
+            f"{r['date']:%Y-%m-%d %H:%M}",
+            r["hardware"],
+            r["config"],
+            str(r["repeats"]),
+            _fmt(r["throughput_samples_per_s"]),
+            _fmt(r["final_accuracy"]),
+            _fmt(r["time_to_accuracy_s"]),
+            r["regression"],
+            "*" if best[(r["run_key"], r["group"])] == r["algorithm"] else "",
+        )
     console.print(t)
 
 
 compare = click.Command(
-    "compare", callback=_compare,
+    "compare",
+    callback=_compare,
     help="Compare the algorithms of the runs MLflow holds for a suite (and hardware, date range): "
-         "median throughput and accuracy over repeats per config; * marks the fastest per config.",
+    "median throughput and accuracy over repeats per config; * marks the fastest per config.",
     params=[
         click.Option(["--suite"], type=click.Choice(["nightly", "onboarding", "adhoc"]), default="nightly"),
         click.Option(["--hardware"], default=None, help="Only this hardware label."),
