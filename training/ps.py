@@ -178,10 +178,12 @@ def _serve_sync(cfg: ServerConfig, w: torch.Tensor, group, timeline: Timeline,
         with timeline.phase("comm_wait"):
             _wait_all([dist.irecv(bufs[k], k, group=group) for k in range(cfg.workers)], timeout)
         with timeline.phase("update"):
-            g = bufs[0].clone()
+            g = bufs[0]  # summed in place, in rank order: bufs[0] is received anew next step
             for b in bufs[1:]:
                 g.add_(b)
-            param.grad = g.div_(cfg.workers)
+            if cfg.workers > 1:
+                g.div_(cfg.workers)
+            param.grad = g
             opt.step()
         with timeline.phase("send"):
             _wait_all([dist.isend(param.data, k, group=group) for k in range(cfg.workers)], timeout)

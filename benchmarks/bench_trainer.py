@@ -1,0 +1,92 @@
+"""Trainer benchmarks (issue 2), run by hand: `python benchmarks/bench_trainer.py`.
+
+Prints each figure as a ratio against its anchor, measured in the same run:
+1. SSGD-allreduce throughput vs the textbook DDP loop (goal >= 0.98);
+2. PS push+pull effective bandwidth vs raw gloo send/recv of the same bytes (goal >= 0.9);
+3. OD-SGD iteration time vs max(compute, communication) on a communication-bound
+   model (mlp), and OD-SGD, ASGD and SSGD-PS throughput side by side.
+Alternates the measured and the anchor runs and reports medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from infra.base import Job
+from infra.local import LocalProvider
+from pipelines.launch import launch, prepare
+
+
+def _train(out: Path, **opts) -> dict:
+    cfg = prepare({"dataset": "synthetic", "measure_warmup": 5} | opts, "bench")
+    return launch(cfg, out, LocalProvider(), timeout_s=900, echo=False)
+
+
+def _module(module: str, args: list[str], world: int, out: Path) -> dict:
+    res = LocalProvider().run(Job(module, args, world, out / f"{module}.log", timeout_s=900), echo=False)
+    if not res.ok:
+        raise SystemExit(f"{module} failed: {res.describe_failure()}")
+    return json.loads((out / "result.json").read_text())
+
+
+def bench_ddp(tmp: Path, repeats: int, model: str, steps: int) -> None:
+    ours, anchor = [], []
+    for r in range(repeats):
+        s = _train(tmp / f"ddp{r}", model=model, workers=2, batch_size=32, steps=steps)
+        ours.append(s["throughput_samples_per_s"])
+        anchor.append(_module("benchmarks.textbook_ddp", [model, "32", str(steps), "5", str(tmp / "result.json")],
+                              2, tmp)["throughput_samples_per_s"])
+    o, a = statistics.median(ours), statistics.median(anchor)
+    print(f"[1] ssgd-allreduce {model}: {o:.0f} samples/s vs textbook DDP {a:.0f}: ratio {o / a:.3f} (goal >= 0.98)"
+          f"  runs: ours {[round(x) for x in ours]} anchor {[round(x) for x in anchor]}")
+
+
+def bench_ps(tmp: Path, repeats: int, mbytes: float) -> None:
+    ratios = []
+    for _ in range(repeats):
+        r = _module("benchmarks.ps_vs_raw", [str(int(mbytes * 2**20)), str(tmp / "result.json")], 2, tmp)
+        ratios.append(r["ps_bytes_per_s"] / r["raw_bytes_per_s"])
+        print(f"    PS {r['ps_bytes_per_s'] / 1e6:.0f} MB/s vs raw gloo {r['raw_bytes_per_s'] / 1e6:.0f} MB/s")
+    print(f"[2] PS push+pull bandwidth / raw send+recv, {mbytes} MB: ratio {statistics.median(ratios):.3f} "
+          "(goal >= 0.9)")
+
+
+def bench_odsgd(tmp: Path, steps: int) -> None:
+    common = dict(model="mlp", workers=2, servers=1, batch_size=32, steps=steps)
+    res = {a: _train(tmp / a, algorithm=a, **({"comm": "ps"} if a == "ssgd" else {}), **common)
+           for a in ("ssgd", "asgd", "odsgd")}
+    b = res["ssgd"]["breakdown_s"]
+    compute = b["data"] + b["forward"] + b["backward"] + b["update"]
+    comm = b["comm_exposed"]  # SSGD-PS exposes all of push, server update and pull
+    od = res["odsgd"]["iter_time_s"]["p50"]
+    print(f"[3] OD-SGD iteration {od * 1e3:.1f} ms vs max(compute {compute * 1e3:.1f}, comm {comm * 1e3:.1f}) ms: "
+          f"ratio {od / max(compute, comm):.3f}; vs compute+comm: {od / (compute + comm):.3f}")
+    ps = res["ssgd"]["throughput_samples_per_s"]
+    for a in ("odsgd", "asgd", "ssgd"):
+        t = res[a]["throughput_samples_per_s"]
+        print(f"    {a:6s} throughput {t:8.0f} samples/s, ratio to SSGD-PS {t / ps:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--model", default="resnet20")
+    ap.add_argument("--only", choices=["ddp", "ps", "odsgd"])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        if args.only in (None, "ddp"):
+            bench_ddp(tmp, args.repeats, args.model, args.steps)
+        if args.only in (None, "ps"):
+            bench_ps(tmp, args.repeats, 16.0)
+        if args.only in (None, "odsgd"):
+            bench_odsgd(tmp, args.steps)
+
+
+if __name__ == "__main__":
+    main()
