@@ -140,7 +140,7 @@ def comm_groups(c: Costs, overlap: bool, bucket_bytes: int) -> list[tuple[int, i
 
 
 def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: int,
-             max_classes: int = 32) -> Plan:
+             max_classes: int = 8) -> Plan:
     """SSGD-PS, ASGD or OD-SGD: worker classes pushing to and pulling from S shards."""
     dag = Dag()
     mult = _split(workers, min(workers, max_classes))

@@ -1,0 +1,80 @@
+"""The CPU validation grid (issue 3): train, profile, microbench, predict, compare.
+
+Each algorithm with 2 workers (+1 shard for the PS ones), on a compute-bound
+model (lenet5 on digits) and a communication-bound one (mlp on synthetic
+3x32x32 inputs, 5.3 M parameters). The profile is taken with as many concurrent
+processes as the training world has (DESIGN §3), and the comm model comes from
+a microbenchmark on the same provider. Prints predicted vs measured iteration
+time per run and the median and worst absolute error against the 10% target.
+
+    python benchmarks/bench_validation.py [OUT_DIR] [--steps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from infra.local import LocalProvider
+from modelling.fit import fit_comm
+from modelling.layers import write_layers
+from modelling.microbench import run_microbench
+from modelling.profiler import profile_layers
+from modelling.validate import validate_runs
+from pipelines.launch import launch, prepare
+
+MODELS = [("lenet5", "digits"), ("mlp", "synthetic")]
+CONFIGS = [("ssgd", "allreduce", 0), ("ssgd", "ps", 1), ("asgd", "ps", 1), ("odsgd", "ps", 1)]
+WORKERS, BATCH = 2, 32
+TARGET = 0.10
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?", type=Path, default=Path("/tmp/ddlbench-validation"))
+    ap.add_argument("--steps", type=int, default=30)
+    args = ap.parse_args()
+    out: Path = args.out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    t0 = time.monotonic()
+    load_before = os.getloadavg()
+    provider = LocalProvider()
+    comm = run_microbench(WORKERS, 1, out / "microbench", provider=provider,
+                          sizes=[4096 * 4**i for i in range(8)], repeats=7)
+    model = fit_comm(comm)
+    (out / "model.json").write_text(json.dumps(model, indent=2))
+    tables: dict[tuple[str, int], dict] = {}
+    runs = []
+    for name, dataset in MODELS:
+        for algorithm, comm_mode, servers in CONFIGS:
+            run = out / f"{name}-{algorithm}-{comm_mode}"
+            cfg = prepare({"model": name, "dataset": dataset, "algorithm": algorithm, "comm": comm_mode,
+                           "workers": WORKERS, "servers": servers, "batch_size": BATCH,
+                           "steps": args.steps}, "bench")
+            launch(cfg, run, provider, timeout_s=600, echo=False)
+            world = WORKERS + servers
+            if (name, world) not in tables:
+                tables[(name, world)] = profile_layers(name, BATCH, dataset=dataset, processes=world,
+                                                       repeats=20)
+            write_layers(tables[(name, world)], run)
+            runs.append(run)
+    result = validate_runs(runs, comm_model=model)
+    print(f"{'run':<28} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
+    for r in result["runs"]:
+        print(f"{Path(r['run']).name:<28} {r['predicted_iter_s'] * 1e3:>13.2f} "
+              f"{r['measured_iter_s'] * 1e3:>12.2f} {r['error']:>+8.1%}")
+    med, worst = result["median_abs_error"], result["worst_abs_error"]
+    print(f"median |error| {med:.1%} (ratio to the 10% target: {med / TARGET:.2f}); "
+          f"worst {worst:.1%} (ratio {worst / TARGET:.2f})")
+    print(f"conditions: {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before and "
+          f"{os.getloadavg()[0]:.2f} after, {time.monotonic() - t0:.0f} s in all")
+    (out / "validation.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Fitting alpha-beta(-gamma) to microbenchmarks, and reading model files."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from modelling.fit import CommCosts, CommModelError, fit_comm, load_comm_model
+from modelling.units import parse_bandwidth
+
+SIZES = [4096 * 4**i for i in range(7)]
+
+
+def synthetic_comm(alpha: float, beta: float, gamma: float, *, workers: int = 4, servers: int = 1,
+                   noise: float = 0.0, seed: int = 0) -> dict:
+    """comm.json as the cost model says it should be measured, with relative noise."""
+    rnd = random.Random(seed)
+    n = workers
+    truth = {
+        ("p2p", 2, 0): lambda m: alpha + m * beta,
+        ("allreduce", n, 0): lambda m: 2 * (n - 1) * alpha + (n - 1) / n * m * (2 * beta + gamma),
+        ("ps", n, servers): lambda m: 2 * n * (alpha + m / servers * beta),
+    }
+    rows = []
+    for (prim, w, s), f in truth.items():
+        for m in SIZES:
+            t = f(m) * (1 + rnd.gauss(0, noise))
+            rows.append({"primitive": prim, "workers": w, "servers": s, "bytes": m, "median_s": t,
+                         "spread_s": 0.0, "times_s": [t]})
+    return {"kind": "ddlbench-comm", "workers": n, "servers": servers, "measurements": rows}
+
+
+def _fit(model: dict, prim: str) -> dict:
+    return next(f for f in model["fits"] if f["primitive"] == prim)
+
+
+def test_fit_recovers_known_alpha_beta_gamma_from_noisy_measurements() -> None:
+    alpha, beta, gamma = 30e-6, 0.8e-9, 0.3e-9
+    model = fit_comm(synthetic_comm(alpha, beta, gamma, noise=0.01, seed=3))
+    p2p, ar, ps = _fit(model, "p2p"), _fit(model, "allreduce"), _fit(model, "ps")
+    assert p2p["beta_s_per_byte"] == pytest.approx(beta, rel=0.03)
+    assert ar["beta_s_per_byte"] == pytest.approx(beta, rel=0.03)
+    # gamma is what is left of the slope after 2 beta: the noise of both lands on it.
+    per_byte = 2 * ar["beta_s_per_byte"] + ar["gamma_s_per_byte"]
+    assert per_byte == pytest.approx(2 * beta + gamma, rel=0.03)
+    assert ar["gamma_s_per_byte"] == pytest.approx(gamma, rel=0.3)
+    assert ps["beta_s_per_byte"] == pytest.approx(beta, rel=0.03)
+    # alpha is a small part of large messages: recovered where the noise allows.
+    assert ar["alpha_s"] == pytest.approx(alpha, rel=0.5)
+    assert ps["alpha_s"] == pytest.approx(alpha, rel=0.5)
+    for f in model["fits"]:
+        assert f["r2"] > 0.99 and f["usable"] and not f["flags"]
+        assert len(f["residuals_s"]) == len(SIZES)
+
+
+def test_exact_measurements_are_recovered_exactly() -> None:
+    model = fit_comm(synthetic_comm(50e-6, 1e-9, 0.5e-9))
+    ar = _fit(model, "allreduce")
+    assert ar["alpha_s"] == pytest.approx(50e-6, rel=1e-6)
+    assert ar["gamma_s_per_byte"] == pytest.approx(0.5e-9, rel=1e-6)
+    costs = CommCosts(model)
+    assert costs.allreduce(4)(1_000_000) == pytest.approx(6 * 50e-6 + 0.75 * 1e6 * 2.5e-9, rel=1e-6)
+    assert costs.allreduce(64)(1_000_000) == pytest.approx(126 * 50e-6 + 63 / 64 * 1e6 * 2.5e-9, rel=1e-6)
+    assert costs.transfer(4, 1)(1_000_000) == pytest.approx(50e-6 + 1e6 * 1e-9, rel=1e-6)
+
+
+def test_a_fit_faster_than_the_link_is_flagged_and_not_used() -> None:
+    # 0.1 ns/byte is 80 Gbit/s: impossible on a 10 Gbit/s link.
+    model = fit_comm(synthetic_comm(20e-6, 0.1e-9, 0.0), link_bytes_per_s=parse_bandwidth("10gbit"))
+    p2p = _fit(model, "p2p")
+    assert not p2p["usable"] and "faster than the link" in p2p["flags"][0]
+    with pytest.raises(CommModelError, match="flagged"):
+        CommCosts(model).transfer(4, 1)
+    # A what-if bandwidth replaces the impossible beta.
+    assert CommCosts(model, 1.25e9).transfer(4, 1)(1.25e9) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_negative_alpha_is_flagged_and_refitted_at_zero() -> None:
+    comm = synthetic_comm(0.0, 1e-9, 0.0)
+    for row in comm["measurements"]:
+        row["median_s"] -= 200e-6 if row["primitive"] == "p2p" else 0.0
+    p2p = _fit(fit_comm(comm), "p2p")
+    assert p2p["alpha_s"] == 0.0 and "negative alpha" in p2p["flags"][0]
+    assert p2p["beta_s_per_byte"] > 0
+
+
+def test_unreadable_model_files_name_the_file(tmp_path) -> None:
+    good = tmp_path / "model.json"
+    good.write_text(json.dumps(fit_comm(synthetic_comm(1e-5, 1e-9, 0.0))))
+    assert load_comm_model(good)["fits"]
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(good.read_text()[:200])
+    with pytest.raises(CommModelError, match="truncated.json: not valid JSON"):
+        load_comm_model(truncated)
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"layers": []}))
+    with pytest.raises(CommModelError, match="foreign.json: not a ddlbench comm model"):
+        load_comm_model(foreign)
+    with pytest.raises(CommModelError, match="missing.json: no such"):
+        load_comm_model(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(("text", "expected"), [("10gbit", 1.25e9), ("100 Mbit", 12.5e6),
+                                                ("1.25GB/s", 1.25e9), ("1000", 1000.0)])
+def test_bandwidths_read_as_people_write_them(text: str, expected: float) -> None:
+    assert parse_bandwidth(text) == pytest.approx(expected)
+
+
+def test_a_bad_bandwidth_is_refused() -> None:
+    with pytest.raises(ValueError, match="bandwidth: cannot read"):
+        parse_bandwidth("fast")

@@ -1,0 +1,118 @@
+"""The DAG simulator against hand-computed schedules and DESIGN §3's closed forms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from modelling.dag import Costs, build_allreduce, ddp_buckets
+from modelling.simulate import Dag, critical_path, simulate
+
+
+def test_one_resource_serves_one_task_at_a_time_in_ready_order() -> None:
+    dag = Dag()
+    a = dag.add("a", 2.0, ("cpu",))
+    b = dag.add("b", 1.0, ("net",), (a,))  # ready at 2
+    c = dag.add("c", 3.0, ("cpu",), (a,))  # ready at 2, cpu free at 2
+    d = dag.add("d", 1.0, ("net",))  # ready at 0: before b
+    e = dag.add("e", 1.0, ("net",), (c,))  # ready at 5
+    s = simulate(dag)
+    assert (s.start[a], s.end[a]) == (0.0, 2.0)
+    assert (s.start[d], s.end[d]) == (0.0, 1.0)
+    assert (s.start[b], s.end[b]) == (2.0, 3.0)
+    assert (s.start[c], s.end[c]) == (2.0, 5.0)
+    assert (s.start[e], s.end[e]) == (5.0, 6.0)
+    assert critical_path(dag, s, e) == [a, c, e]
+
+
+def test_a_transfer_holds_both_links_and_queues_behind_either() -> None:
+    dag = Dag()
+    p0 = dag.add("push w0", 2.0, ("w0.link", "s0.link"))
+    p1 = dag.add("push w1", 2.0, ("w1.link", "s0.link"))  # queues on the shard's link
+    q = dag.add("other w1", 1.0, ("w1.link",))  # ready at 0 but w1's link is reserved to 4
+    u = dag.add("update", 0.5, ("s0.compute",), (p0, p1))
+    s = simulate(dag)
+    assert (s.start[p1], s.end[p1]) == (2.0, 4.0)
+    assert (s.start[q], s.end[q]) == (4.0, 5.0)
+    assert (s.start[u], s.end[u]) == (4.0, 4.5)
+    assert critical_path(dag, s, u) == [p0, p1, u]
+
+
+def test_a_diamond_waits_for_its_slowest_branch() -> None:
+    dag = Dag()
+    a = dag.add("a", 1.0, ("x",))
+    b = dag.add("b", 4.0, ("y",), (a,))
+    c = dag.add("c", 2.0, ("z",), (a,))
+    d = dag.add("d", 1.0, ("x",), (b, c))
+    s = simulate(dag)
+    assert s.end[d] == 6.0 and s.start[c] == 1.0
+    assert critical_path(dag, s, d) == [a, b, d]
+
+
+def test_bad_graphs_are_refused() -> None:
+    dag = Dag()
+    with pytest.raises(ValueError, match="does not exist"):
+        dag.add("a", 1.0, ("x",), (3,))
+    with pytest.raises(ValueError, match="negative duration"):
+        dag.add("a", -1.0, ("x",))
+
+
+def _costs(fwd, bwd, nbytes, per_byte=1e-6) -> Costs:
+    return Costs(fwd=list(fwd), bwd=list(bwd), layer_bytes=list(nbytes),
+                 param_tensor_bytes=[[b] for b in nbytes], data_s=0.0, update_s=0.0,
+                 allreduce_s=lambda m: m * per_byte)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 5.0), st.integers(1, 5_000_000)),
+                min_size=1, max_size=12))
+def test_wfbp_equals_the_closed_form_recurrence(layers) -> None:
+    fwd, bwd, nbytes = zip(*layers, strict=True)
+    c = _costs(fwd, bwd, nbytes)
+    plan = build_allreduce(c, workers=4, iterations=1, overlap=True, bucket_bytes=0)
+    s = simulate(plan.dag)
+    n = len(fwd)
+    # tau_b(l): backward runs layers L..1 back to back after the forward.
+    tau_b, t = {}, sum(fwd)
+    for layer in reversed(range(n)):
+        tau_b[layer] = t
+        t += bwd[layer]
+    t_c = [b * 1e-6 for b in nbytes]
+    tau_c: dict[int, float] = {}
+    for layer in reversed(range(n)):
+        after = tau_c[layer + 1] + t_c[layer + 1] if layer + 1 < n else 0.0
+        tau_c[layer] = max(after, tau_b[layer] + bwd[layer])
+    # Per-layer groups launch in backward order: c0 carries layer L, c1 layer L-1, ...
+    starts = {n - 1 - int(plan.dag.names[i][1:]): s.start[i] for i in range(len(plan.dag))
+              if plan.dag.kinds[i] == "allreduce"}
+    for layer in range(n):
+        assert starts[layer] == pytest.approx(tau_c[layer], abs=1e-9)
+    assert s.end[plan.iteration_ends["worker0"][0]] == pytest.approx(tau_c[0] + t_c[0], abs=1e-9)
+
+
+def test_one_flat_allreduce_without_overlap_adds_to_compute() -> None:
+    c = _costs([1.0, 1.0], [2.0, 2.0], [1_000_000, 3_000_000])
+    c.pack_s, c.unpack_s, c.update_s = 0.5, 0.25, 0.125
+    plan = build_allreduce(c, workers=2, iterations=2, overlap=False, bucket_bytes=0)
+    s = simulate(plan.dag)
+    end0, end1 = (s.end[i] for i in plan.iteration_ends["worker0"])
+    assert end0 == pytest.approx(6.0 + 0.5 + 4.0 + 0.25 + 0.125)
+    assert end1 - end0 == pytest.approx(end0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 40_000_000), min_size=1, max_size=40), st.sampled_from([1, 5, 25]))
+def test_bucket_assignment_matches_ddp(sizes, cap_mb) -> None:
+    """DDP's own assignment over the same tensors in gradient-ready order."""
+    tensors = [torch.empty(max(b // 4, 1)) for b in sizes]
+    cap = cap_mb * 1024 * 1024
+    torch_buckets, _ = dist._compute_bucket_assignment_by_size(tensors, [cap, cap], [False] * len(tensors))
+    ours = ddp_buckets([t.numel() * 4 for t in tensors], cap)
+    assert sorted(map(list, torch_buckets)) == sorted(ours)
+    first = ddp_buckets([t.numel() * 4 for t in tensors], cap, first_cap_bytes=1024 * 1024)
+    torch_first, _ = dist._compute_bucket_assignment_by_size(
+        tensors, [1024 * 1024, cap], [False] * len(tensors))
+    assert sorted(map(list, torch_first)) == sorted(first)
