@@ -45,8 +45,7 @@ def parse_bandwidth(rate: str) -> int:
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _RATE_UNITS or float(m.group(1)) <= 0:
         raise ProviderError(
-            f"provider.options.bandwidth: expected a positive rate such as 100mbit, 1gbit or "
-            f"10gbit, got {rate!r}"
+            f"provider.options.bandwidth: expected a positive rate such as 100mbit, 1gbit or 10gbit, got {rate!r}"
         )
     return int(float(m.group(1)) * _RATE_UNITS[unit])
 
@@ -132,9 +131,7 @@ class NetnsProvider(Provider):
         threads_per_process: int = 1,
     ) -> None:
         if not isinstance(nodes, int) or nodes < 1:
-            raise ProviderError(
-                f"provider.options.nodes: expected a positive integer, got {nodes!r}"
-            )
+            raise ProviderError(f"provider.options.nodes: expected a positive integer, got {nodes!r}")
         self.nodes = nodes
         self.bandwidth = bandwidth
         self.rate_bps = parse_bandwidth(bandwidth) if bandwidth is not None else None
@@ -149,8 +146,7 @@ class NetnsProvider(Provider):
             )
         if net.num_addresses - 2 < nodes:
             raise ProviderError(
-                f"provider.options.subnet: {subnet} has room for {net.num_addresses - 2} nodes, "
-                f"{nodes} requested"
+                f"provider.options.subnet: {subnet} has room for {net.num_addresses - 2} nodes, {nodes} requested"
             )
         self.subnet = net
         self.master_port = master_port
@@ -174,16 +170,24 @@ class NetnsProvider(Provider):
 
     def provision(self) -> list[Node]:
         if os.geteuid() != 0:
-            raise ProviderError(
-                "netns: network namespaces need root (run as root, or use the local provider)"
-            )
+            raise ProviderError("netns: network namespaces need root (run as root, or use the local provider)")
         if self._nodes:
             return self._nodes
         cleanup_stale()
+        try:
+            self._nodes = self._build()
+        except BaseException:
+            # a half-built cluster must not outlive a failed provision
+            self.teardown()
+            raise
+        return self._nodes
+
+    def _build(self) -> list[Node]:
         bridge = f"db{self.tag}"
         hosts = self.subnet.hosts()
         _ip("link", "add", bridge, "type", "bridge")
         _ip("link", "set", bridge, "up")
+        nodes = []
         for i in range(self.nodes):
             ns, dev, peer = self.ns_name(i), self.ifname(i), self._host_ifname(i)
             addr = str(next(hosts))
@@ -196,8 +200,8 @@ class NetnsProvider(Provider):
             if self.rate_bps is not None:
                 self._shape(peer)
                 self._shape(dev, ns)
-            self._nodes.append(Node(ns, addr))
-        return self._nodes
+            nodes.append(Node(ns, addr))
+        return nodes
 
     def _shape(self, dev: str, ns: str | None = None) -> None:
         # The bucket must hold at least one timer tick of traffic at the rate and one
@@ -234,9 +238,7 @@ class NetnsProvider(Provider):
         argvs, envs = [], []
         for i in range(self.nodes):
             torchrun = torchrun_argv(per_node, self.nodes, i, nodes[0].address, self.master_port)
-            argvs.append(
-                ["ip", "netns", "exec", self.ns_name(i), *torchrun, "-m", job.module, *job.args]
-            )
+            argvs.append(["ip", "netns", "exec", self.ns_name(i), *torchrun, "-m", job.module, *job.args])
             ifname = {"GLOO_SOCKET_IFNAME": self.ifname(i), "NCCL_SOCKET_IFNAME": self.ifname(i)}
             envs.append(base_env(self.threads) | job.env | ifname)
         return run_processes(argvs, envs, job.log_path, job.timeout_s, echo)

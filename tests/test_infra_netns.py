@@ -21,9 +21,7 @@ from infra import Job, ProviderError, get_provider
 from infra.netns import NetnsProvider, cleanup_stale, parse_bandwidth
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="netns tests need root (network namespaces)"
-)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="netns tests need root (network namespaces)")
 netns = [pytest.mark.netns, needs_root]
 
 
@@ -36,12 +34,13 @@ def links() -> str:
     return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
 
 
-def assert_gone(provider: NetnsProvider) -> None:
-    """No namespace, link, bridge or process of this provider remains."""
+def assert_gone(provider: NetnsProvider, run_dir: Path | None = None) -> None:
+    """No namespace, link or bridge of this provider remains, nor a process of its run."""
     assert not {n for n in namespaces() if provider.tag in n}
     assert provider.tag not in links()
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert provider.tag not in ps
+    if run_dir is not None:
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert str(run_dir) not in ps
 
 
 def tx_bytes(provider: NetnsProvider, node: int) -> int:
@@ -78,9 +77,7 @@ def test_bandwidth_parsing_and_option_errors():
         NetnsProvider(nodes=3, subnet="10.9.0.0/30")
     with pytest.raises(ProviderError, match="provider.options.nodes"):
         NetnsProvider(nodes=0)
-    with pytest.raises(
-        ProviderError, match="provider.options: .*unexpected keyword argument 'gpus'"
-    ):
+    with pytest.raises(ProviderError, match="provider.options: .*unexpected keyword argument 'gpus'"):
         get_provider("netns", gpus=1)
     with pytest.raises(ProviderError, match="unknown provider 'mesos'; available: local, netns"):
         get_provider("mesos")
@@ -126,10 +123,20 @@ def test_cluster_comes_up_shaped_and_tears_down_cleanly(nodes):
             ).stdout
             assert "tbf" in qdisc and "rate 200Mbit" in qdisc
         # the subnet exists only inside the namespaces: the host has no route into it
-        route = subprocess.run(
-            ["ip", "route", "get", "192.168.77.1"], capture_output=True, text=True
-        )
+        route = subprocess.run(["ip", "route", "get", "192.168.77.1"], capture_output=True, text=True)
         assert f"db{provider.tag}" not in route.stdout
+    assert_gone(provider)
+
+
+@pytest.mark.netns
+@needs_root
+def test_a_failed_provision_removes_what_it_built():
+    provider = NetnsProvider(nodes=3)
+    # node 1's namespace name is taken, so provisioning fails after node 0 and the bridge exist
+    subprocess.run(["ip", "netns", "add", provider.ns_name(1)], check=True)
+    with pytest.raises(ProviderError, match="netns add .*-1.*exists"):
+        provider.provision()
+    assert not provider.provisioned
     assert_gone(provider)
 
 
@@ -140,9 +147,7 @@ def test_a_killed_owner_leaves_nothing_behind_after_the_next_provision():
         "from infra.netns import NetnsProvider; import time; p = NetnsProvider(nodes=2); "
         "p.provision(); print(p.tag, flush=True); time.sleep(60)"
     )
-    owner = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT
-    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     tag = owner.stdout.readline().strip()
     assert any(tag in n for n in namespaces())
     owner.kill()
@@ -162,12 +167,10 @@ def test_allreduce_bandwidth_matches_the_shaped_rate(tmp_path):
     with NetnsProvider(nodes=2, bandwidth="100mbit") as provider:
         fig = measure_allreduce(provider, size_bytes=4 << 20, repeats=3, workdir=tmp_path)
     ratio = fig["bus_bytes_per_s"] / (100e6 / 8)
-    print(
-        f"allreduce bus bandwidth {fig['bus_bytes_per_s'] / 1e6:.2f} MB/s = {ratio:.3f} x 100mbit"
-    )
+    print(f"allreduce bus bandwidth {fig['bus_bytes_per_s'] / 1e6:.2f} MB/s = {ratio:.3f} x 100mbit")
     assert fig["world_size"] == 2
     assert 0.85 <= ratio <= 1.05, fig
-    assert_gone(provider)
+    assert_gone(provider, tmp_path)
 
 
 def train_values(**options) -> dict:
@@ -186,15 +189,13 @@ def train_values(**options) -> dict:
 @needs_root
 @pytest.mark.parametrize(
     ("algorithm", "workers", "servers", "nodes"),
-    [("ssgd", 2, 0, 2), ("asgd", 2, 1, 3), ("odsgd", 2, 1, 3)],
+    [("ssgd", 2, 0, 2), ("asgd", 1, 1, 2), ("odsgd", 2, 1, 3)],
 )
 def test_algorithms_train_across_nodes(tmp_path, algorithm, workers, servers, nodes):
     from pipelines.launch import launch, prepare
 
     cfg = prepare(
-        train_values(
-            algorithm=algorithm, workers=workers, servers=servers, link_bandwidth="100mbit"
-        ),
+        train_values(algorithm=algorithm, workers=workers, servers=servers, link_bandwidth="100mbit"),
         "test",
     )
     with NetnsProvider(nodes=nodes, bandwidth="100mbit") as provider:
@@ -207,7 +208,7 @@ def test_algorithms_train_across_nodes(tmp_path, algorithm, workers, servers, no
     # every node's rank really talked over its shaped link: each sent at least a model's worth
     # per step (allreduce halves on two nodes; a PS worker pushes whole gradients)
     assert min(sent) >= 6 * summary["parameter_bytes"] / 2, (sent, summary["parameter_bytes"])
-    assert_gone(provider)
+    assert_gone(provider, tmp_path)
 
 
 @pytest.mark.slow
@@ -216,7 +217,7 @@ def test_algorithms_train_across_nodes(tmp_path, algorithm, workers, servers, no
 def test_a_node_dropping_off_the_network_fails_the_job_in_bounded_time(tmp_path):
     from pipelines.launch import JobFailed, launch, prepare
 
-    op_timeout_s = 10
+    op_timeout_s = 20
     cfg = prepare(train_values(steps=5000, timeout_s=op_timeout_s), "test")
     provider = NetnsProvider(nodes=2, bandwidth="100mbit")
     down_at: list[float] = []
@@ -240,5 +241,5 @@ def test_a_node_dropping_off_the_network_fails_the_job_in_bounded_time(tmp_path)
     elapsed = ended - down_at[0]
     print(f"job failed {elapsed:.1f} s after the link went down (op timeout {op_timeout_s} s)")
     assert not failed.value.result.timed_out
-    assert elapsed < op_timeout_s + 15
-    assert_gone(provider)
+    assert elapsed < op_timeout_s + 20
+    assert_gone(provider, tmp_path)
