@@ -152,10 +152,12 @@ class NetnsProvider(Provider):
         self.master_port = master_port
         self.threads = threads_per_process
         self.tag = secrets.token_hex(3)
+        # the owner's pid in every namespace name lets a later provider spot a dead owner's leftovers
+        self.owner_pid = os.getpid()
         self._nodes: list[Node] = []
 
     def ns_name(self, i: int) -> str:
-        return f"{_PREFIX}-{os.getpid()}-{self.tag}-{i}"
+        return f"{_PREFIX}-{self.owner_pid}-{self.tag}-{i}"
 
     def ifname(self, i: int) -> str:
         """The node's interface inside its namespace (what gloo binds to); 15 characters at most."""
@@ -207,21 +209,8 @@ class NetnsProvider(Provider):
         # The bucket must hold at least one timer tick of traffic at the rate and one
         # full-size (GSO) packet; 100 ms of queue keeps TCP at line rate without drops.
         burst = max(self.rate_bps // 8 // 250, 64 * 1024)
-        args = [
-            "qdisc",
-            "replace",
-            "dev",
-            dev,
-            "root",
-            "tbf",
-            "rate",
-            f"{self.rate_bps}bit",
-            "burst",
-            str(burst),
-            "latency",
-            "100ms",
-        ]
-        _tc(*(["-n", ns] if ns else []), *args)
+        args = f"qdisc replace dev {dev} root tbf rate {self.rate_bps}bit burst {burst} latency 100ms"
+        _tc(*(["-n", ns] if ns else []), *args.split())
 
     def set_link(self, node: int, up: bool) -> None:
         """Take a node's link down or up (fault injection: the node drops off the network)."""
