@@ -45,10 +45,9 @@ def main() -> None:
     load_before = os.getloadavg()
     provider = LocalProvider()
     comm = run_microbench(WORKERS, 1, out / "microbench", provider=provider,
-                          sizes=[4096 * 4**i for i in range(8)], repeats=7)
+                          sizes=[4096 * 2**i for i in range(14)], repeats=7)
     model = fit_comm(comm)
     (out / "model.json").write_text(json.dumps(model, indent=2))
-    tables: dict[tuple[str, int], dict] = {}
     runs = []
     for name, dataset in MODELS:
         for algorithm, comm_mode, servers in CONFIGS:
@@ -57,11 +56,10 @@ def main() -> None:
                            "workers": WORKERS, "servers": servers, "batch_size": BATCH,
                            "steps": args.steps}, "bench")
             launch(cfg, run, provider, timeout_s=600, echo=False)
-            world = WORKERS + servers
-            if (name, world) not in tables:
-                tables[(name, world)] = profile_layers(name, BATCH, dataset=dataset, processes=world,
-                                                       repeats=20)
-            write_layers(tables[(name, world)], run)
+            # Profiled right after its run, so both see the same load from whatever else
+            # shares the host, with as many processes as the training world.
+            write_layers(profile_layers(name, BATCH, dataset=dataset, processes=WORKERS + servers,
+                                        repeats=20), run)
             runs.append(run)
     result = validate_runs(runs, comm_model=model)
     print(f"{'run':<28} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")

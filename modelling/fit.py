@@ -1,8 +1,9 @@
 """Fit alpha-beta(-gamma) communication models to microbenchmarks (DESIGN §3).
 
-Per primitive and world size, a least-squares line t = a + b*M over the
-measured sizes (unweighted: the large messages, which dominate iteration
-times, set the slope), then the cost model's constants from a and b:
+Per primitive and world size, a weighted least-squares line t = a + b*M over
+the log-spaced sizes (weights 1/t: every size counts by its relative error,
+so the few largest do not decide alpha alone), then the cost model's
+constants from a and b:
 
 - p2p (one way):                 t = alpha + M beta
 - allreduce (ring, N ranks):     t = 2(N-1) alpha + (N-1)/N M (2 beta + gamma)
@@ -10,7 +11,10 @@ times, set the slope), then the cost model's constants from a and b:
   worker and shard, queued on the shard's link): t = 2N (alpha + M/S beta)
 
 Allreduce's beta comes from the p2p fit of the same file, gamma from the rest
-of the slope. A fit that beats physics (beta below the link's byte time,
+of the slope. Predicting for a measured world size within the measured sizes,
+`CommCosts` interpolates the measurements themselves (real transports are not
+quite linear in M: the residuals show by how much); elsewhere, and for
+bandwidth what-ifs, it uses the fitted constants. A fit that beats physics (beta below the link's byte time,
 negative alpha) is flagged; a flagged beta is marked unusable and the
 predictor refuses it unless a bandwidth is given.
 """
@@ -32,9 +36,11 @@ class CommModelError(ValueError):
     """A comm.json or model.json is missing, truncated or not ours; the message names the file."""
 
 
-def _line(sizes: np.ndarray, times: np.ndarray, through_origin: bool = False) -> tuple[float, float]:
+def _line(sizes: np.ndarray, times: np.ndarray, through_origin: bool = False
+          ) -> tuple[float, float]:
+    w = 1.0 / np.maximum(times, 1e-12)
     cols = [sizes] if through_origin else [np.ones_like(sizes), sizes]
-    coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1), times, rcond=None)
+    coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1) * w[:, None], times * w, rcond=None)
     return (0.0, float(coef[0])) if through_origin else (float(coef[0]), float(coef[1]))
 
 
@@ -177,8 +183,7 @@ class CommCosts:
                 raise CommModelError("comm model: no allreduce or p2p fits; run `ddlbench microbench`")
             alpha, beta, gamma = p["alpha_s"], p["beta_s_per_byte"], 0.0
         elif f["workers"] == workers and self.bw is None:
-            a, b = f["intercept_s"], f["slope_s_per_byte"]
-            return lambda m: a + b * m
+            return _measured(f)
         else:
             alpha, beta, gamma = f["alpha_s"], f["beta_s_per_byte"], max(f["gamma_s_per_byte"] or 0.0, 0.0)
         if self.bw is not None:
@@ -191,6 +196,28 @@ class CommCosts:
         f = self._nearest("ps", workers, servers) or self._nearest("p2p", 2)
         if f is None:
             raise CommModelError("comm model: no ps or p2p fits; run `ddlbench microbench --servers 1`")
+        if (f["primitive"], f["workers"], f.get("servers", 0)) == ("ps", workers, servers) \
+                and self.bw is None and "measured_s" in f:
+            # A measured round is 2N transfers of M/S bytes queued on one shard link.
+            round_s = _measured(f)
+            return lambda m: round_s(m * servers) / (2 * workers)
         alpha = f["alpha_s"]
         beta = 1.0 / self.bw if self.bw is not None else f["beta_s_per_byte"]
         return lambda m: alpha + m * beta
+
+
+def _measured(f: dict[str, Any]):
+    """bytes -> seconds: the measurements, interpolated; past the largest, its slope."""
+    a, b = f["intercept_s"], f["slope_s_per_byte"]
+    if "measured_s" not in f:
+        return lambda m: a + b * m
+    sizes, times = np.asarray(f["sizes"], dtype=float), np.asarray(f["measured_s"], dtype=float)
+    order = np.argsort(sizes)
+    sizes, times = sizes[order], times[order]
+
+    def cost(m: float) -> float:
+        if m > sizes[-1]:
+            return float(times[-1] + (m - sizes[-1]) * b)
+        return float(np.interp(m, sizes, times))
+
+    return cost

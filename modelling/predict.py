@@ -124,9 +124,9 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, *, algorithm: str, comm
     groups: dict[str, list[float]] = {}
     for res, busy in busy_time(plan.dag, sched, t0, t1).items():
         groups.setdefault(_resource_group(res), []).append(busy / (t1 - t0) if t1 > t0 else 0.0)
-    compute_s = (sum(costs.fwd) + sum(costs.bwd) + costs.data_s + costs.update_s
-                 * (comm_mode == "allreduce" or algorithm == "odsgd")
-                 + (costs.pack_s + costs.unpack_s) * (workers > 1 or comm_mode == "ps"))
+    dag = plan.dag
+    compute_s = sum(dag.durations[t] for t in range(len(dag)) if dag.owners[t] == "worker0"
+                    and dag.steps[t] == 0 and dag.kinds[t] in WORKER_TASKS)
     return {
         "workers": workers,
         "servers": servers,

@@ -130,11 +130,11 @@ def _flat_ops(net, repeats: int, now) -> dict[str, float]:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
         t2 = now()
-        g = flat.clone()  # the sync server with one worker: copy, average, step
-        server.grad = g.div_(1)
+        other.div_(2.0)  # the sync server (training/ps.py): average, then the optimizer step
+        server.grad = other
         sgd.step()
         t3 = now()
-        g.add_(other)  # each further worker's push adds one pass
+        other.add_(flat)  # each further worker's push adds one pass
         t4 = now()
         for key, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
             times[key].append(dt)

@@ -1,0 +1,72 @@
+"""Real measurements on this machine: profile, microbench, fit, train, predict, validate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.local import LocalProvider
+from modelling.fit import fit_comm
+from modelling.layers import load_layers, write_layers
+from modelling.microbench import run_microbench
+from modelling.profiler import profile_layers
+from modelling.validate import ValidationInputError, validate_runs
+from pipelines.launch import launch, prepare
+
+
+def test_microbench_refuses_bad_input_before_launching(tmp_path) -> None:
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        run_microbench(1, 0, tmp_path)
+    with pytest.raises(ValueError, match="sizes"):
+        run_microbench(2, 0, tmp_path, sizes=[1024])
+    assert not (tmp_path / "microbench.json").exists()
+
+
+def test_profile_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="model: unknown model"):
+        profile_layers("nosuchnet", 8)
+    with pytest.raises(ValueError, match="processes"):
+        profile_layers("mlp", 8, processes=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
+    import torch
+
+    from training.models import build_model
+
+    comm = run_microbench(2, 1, tmp_path / "mb", sizes=[4096, 65536, 1 << 20], repeats=3)
+    prims = {(m["primitive"], m["bytes"]) for m in comm["measurements"]}
+    assert prims == {(p, b) for p in ("allreduce", "p2p", "ps") for b in (4096, 65536, 1 << 20)}
+    assert all(m["median_s"] > 0 and len(m["times_s"]) == 3 for m in comm["measurements"])
+    model = fit_comm(comm)
+    assert {f["primitive"] for f in model["fits"]} == {"allreduce", "p2p", "ps"}
+
+    layers = profile_layers("lenet5", 16, dataset="digits", processes=2, warmup=2, repeats=5)
+    net = build_model("lenet5", (1, 28, 28), 10)
+    expected = [m for m in net.modules() if list(m.parameters(recurse=False))]
+    assert [r["type"] for r in layers["layers"]] == [type(m).__name__ for m in expected]
+    assert [r["param_bytes"] for r in layers["layers"]] == [
+        sum(p.numel() * 4 for p in m.parameters(recurse=False)) for m in expected]
+    assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in layers["layers"])
+    assert layers["layers"][0]["output_bytes"] == 16 * 6 * 28 * 28 * 4
+    assert layers["processes"] == 2 and layers["update_s"] > 0 and torch.get_num_threads() >= 1
+
+    run = tmp_path / "run"
+    cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 16,
+                   "steps": 12}, "test")
+    summary = launch(cfg, run, LocalProvider(), timeout_s=300, echo=False)
+    with pytest.raises(ValidationInputError, match="no layers.json"):
+        validate_runs([run])
+    write_layers(layers, run)
+    assert load_layers(run / "layers.json")["model"] == "lenet5"
+    (tmp_path / "model.json").write_text(json.dumps(model))  # beside the run dir
+    result = validate_runs([run])
+    [r] = result["runs"]
+    assert r["measured_iter_s"] == summary["iter_time_s"]["p50"]
+    assert r["algorithm"] == "ssgd" and r["comm"] == "allreduce" and r["workers"] == 2
+    # Loose on purpose: other jobs share these 2 cores; the benchmark reports the real figure.
+    assert 0.5 < r["predicted_iter_s"] / r["measured_iter_s"] < 2.0
+    assert result["median_abs_error"] == abs(r["error"])
