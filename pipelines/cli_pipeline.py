@@ -85,6 +85,9 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
             progress.update(task, description="train")
             validation = stage("validate", steps.validate, trained)
             result = stage("report", steps.report, trained, validation)
+        except Exception as err:  # noqa: BLE001 - reported, then the run ends FAILED
+            failed = True
+            console.print(f"[red]{type(err).__name__}: {err}[/]")
         except BaseException:
             failed = True
             raise

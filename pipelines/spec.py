@@ -87,6 +87,10 @@ class AlgorithmSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> AlgorithmSpec:
+        if self.name != Algorithm.ssgd and self.comm == Comm.allreduce:
+            raise ValueError(
+                f"comm: {self.name.value} runs on a parameter server; use comm: ps, not allreduce"
+            )
         grid = sorted(_GRID_FIELDS & set(self.options))
         if grid:
             raise ValueError(f"options: {grid[0]!r} is set by the grid; set it in the spec's own field")

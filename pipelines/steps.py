@@ -77,10 +77,24 @@ def _step(
     t = tracker_for(ctx)
     t.end_orphans()
     node = node or name
-    with t.run(node, node.split("/")[-1], tags={"ddlbench.step": name.split("/")[0], **(tags or {})}):
+    tags = {**run_tags(ctx), "ddlbench.step": name.split("/")[0], **(tags or {})}
+    with t.run(node, node.split("/")[-1], tags=tags):
         result = body(t, node)
     _write_json(done, result)
     return result
+
+
+def run_tags(ctx: dict[str, Any]) -> dict[str, str]:
+    """What identifies every run of this pipeline run (DESIGN §6); a retry finds its runs by them."""
+    tags = {
+        "ddlbench.hardware": ctx["hardware"],
+        "ddlbench.spec_hash": ctx["spec_hash"],
+        "ddlbench.suite": ctx["suite"],
+        "ddlbench.git_commit": ctx.get("git_commit") or "unknown",
+    }
+    airflow = ctx.get("airflow") or {}
+    tags |= {f"airflow.{k}": str(airflow[k]) for k in ("dag_id", "run_id") if airflow.get(k)}
+    return tags
 
 
 def _provider(spec: BenchSpec) -> Any:
@@ -153,16 +167,14 @@ def start(
             "hardware": spec.hardware,
             "suite": spec.suite.value,
             "git_commit": _git_commit(),
+            "airflow": {k: v for k, v in (airflow or {}).items() if k in ("dag_id", "run_id")},
         }
         _write_json(ctx_path, ctx)
     t = tracker_for(ctx)
     t.end_orphans()
     tags = {
-        "ddlbench.hardware": spec.hardware,
-        "ddlbench.spec_hash": spec_hash,
+        **run_tags(ctx),
         "ddlbench.spec_name": spec.name,
-        "ddlbench.suite": spec.suite.value,
-        "ddlbench.git_commit": ctx["git_commit"] or "unknown",
         "mlflow.source.git.commit": ctx["git_commit"] or "",
         **{f"airflow.{k}": v for k, v in (airflow or {}).items() if v is not None},
     }

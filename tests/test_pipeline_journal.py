@@ -1,0 +1,53 @@
+"""The tracking journal: ordered, survives torn writes, knows open runs; an unreachable
+MLflow server makes the tracker go on offline quickly."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from pipelines.journal import Journal, owner
+from pipelines.tracking import Tracker
+
+
+def test_entries_resume_from_an_offset_and_skip_a_torn_last_line(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    j.append({"op": "start_run", "node": "a", "owner": owner()})
+    j.append({"op": "metrics", "node": "a", "metrics": []})
+    with open(j.path, "a") as f:
+        f.write('{"op": "end_run", "no')  # a writer killed mid-line
+    entries = list(j.entries())
+    assert [e["op"] for _, e in entries] == ["start_run", "metrics"]
+    first_end = entries[0][0]
+    assert [e["op"] for _, e in j.entries(first_end)] == ["metrics"]
+    j.write_state({"offset": first_end, "runs": {}})
+    assert j.pending() == 1
+
+
+def test_open_nodes_are_the_started_and_not_ended(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    for e in ({"op": "start_run", "node": "a"}, {"op": "start_run", "node": "b"},
+              {"op": "end_run", "node": "a"}, {"op": "start_run", "node": "c"},
+              {"op": "end_run", "node": "c"}, {"op": "start_run", "node": "c"}):
+        j.append(e)
+    assert sorted(j.open_nodes()) == ["b", "c"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_journals_and_goes_on_offline(tmp_path: Path) -> None:
+    t = Tracker(tmp_path, f"http://127.0.0.1:{_closed_port()}", "ddlbench-adhoc", "k")
+    t0 = time.monotonic()
+    t.start_run("pipeline", "k", parent=None, tags={"x": "1"})
+    assert not t.online and t.last_error
+    for step in range(50):
+        t.log_metrics("pipeline", {"loss": 1.0 / (step + 1)}, step=step)
+    t.end_run("pipeline", "FINISHED")
+    assert time.monotonic() - t0 < 30, "an unreachable store must not stall the pipeline"
+    assert t.journal.pending() == 52
+    assert t.flush() is False and t.journal.pending() == 52
