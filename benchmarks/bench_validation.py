@@ -44,33 +44,49 @@ def main() -> None:
     t0 = time.monotonic()
     load_before = os.getloadavg()
     provider = LocalProvider()
-    comm = run_microbench(WORKERS, 1, out / "microbench", provider=provider,
-                          sizes=[4096 * 2**i for i in range(14)], repeats=7)
+    comm = run_microbench(
+        WORKERS, 1, out / "microbench", provider=provider, sizes=[4096 * 2**i for i in range(14)], repeats=7
+    )
     model = fit_comm(comm)
     (out / "model.json").write_text(json.dumps(model, indent=2))
     runs = []
     for name, dataset in MODELS:
         for algorithm, comm_mode, servers in CONFIGS:
             run = out / f"{name}-{algorithm}-{comm_mode}"
-            cfg = prepare({"model": name, "dataset": dataset, "algorithm": algorithm, "comm": comm_mode,
-                           "workers": WORKERS, "servers": servers, "batch_size": BATCH,
-                           "steps": args.steps}, "bench")
+            cfg = prepare(
+                {
+                    "model": name,
+                    "dataset": dataset,
+                    "algorithm": algorithm,
+                    "comm": comm_mode,
+                    "workers": WORKERS,
+                    "servers": servers,
+                    "batch_size": BATCH,
+                    "steps": args.steps,
+                },
+                "bench",
+            )
             launch(cfg, run, provider, timeout_s=600, echo=False)
             # Profiled right after its run, so both see the same load from whatever else
             # shares the host, with as many processes as the training world.
-            write_layers(profile_layers(name, BATCH, dataset=dataset, processes=WORKERS + servers,
-                                        repeats=20), run)
+            write_layers(profile_layers(name, BATCH, dataset=dataset, processes=WORKERS + servers, repeats=20), run)
             runs.append(run)
     result = validate_runs(runs, comm_model=model)
     print(f"{'run':<28} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
     for r in result["runs"]:
-        print(f"{Path(r['run']).name:<28} {r['predicted_iter_s'] * 1e3:>13.2f} "
-              f"{r['measured_iter_s'] * 1e3:>12.2f} {r['error']:>+8.1%}")
+        print(
+            f"{Path(r['run']).name:<28} {r['predicted_iter_s'] * 1e3:>13.2f} "
+            f"{r['measured_iter_s'] * 1e3:>12.2f} {r['error']:>+8.1%}"
+        )
     med, worst = result["median_abs_error"], result["worst_abs_error"]
-    print(f"median |error| {med:.1%} (ratio to the 10% target: {med / TARGET:.2f}); "
-          f"worst {worst:.1%} (ratio {worst / TARGET:.2f})")
-    print(f"conditions: {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before and "
-          f"{os.getloadavg()[0]:.2f} after, {time.monotonic() - t0:.0f} s in all")
+    print(
+        f"median |error| {med:.1%} (ratio to the 10% target: {med / TARGET:.2f}); "
+        f"worst {worst:.1%} (ratio {worst / TARGET:.2f})"
+    )
+    print(
+        f"conditions: {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before and "
+        f"{os.getloadavg()[0]:.2f} after, {time.monotonic() - t0:.0f} s in all"
+    )
     (out / "validation.json").write_text(json.dumps(result, indent=2))
 
 

@@ -55,8 +55,9 @@ class Plan:
     multiplicity: dict[str, int] = field(default_factory=dict)
 
 
-def ddp_buckets(tensor_bytes_backward: list[int], cap_bytes: int, first_cap_bytes: int | None = None
-                ) -> list[list[int]]:
+def ddp_buckets(
+    tensor_bytes_backward: list[int], cap_bytes: int, first_cap_bytes: int | None = None
+) -> list[list[int]]:
     """DDP's bucket assignment (torch `_compute_bucket_assignment_by_size`) over
     parameter tensors in gradient-ready order: fill a bucket until it reaches its
     cap, the first bucket with `first_cap_bytes`. The trainer passes bucket_cap_mb
@@ -82,8 +83,7 @@ def _split(workers: int, classes: int) -> list[int]:
     return [base + (1 if k < extra else 0) for k in range(classes)]
 
 
-def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool,
-                    bucket_bytes: int) -> Plan:
+def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, bucket_bytes: int) -> Plan:
     """SSGD-allreduce on one representative worker. bucket_bytes <= 0: per-layer WFBP."""
     dag = Dag()
     w, cpu, net, loader = "worker0", "worker0.compute", "network", "worker0.loader"
@@ -104,13 +104,21 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool,
         before_update = last
         if groups and not overlap:
             pack = dag.add("pack", c.pack_s, (cpu,), (last,), kind="backward", owner=w, step=t)
-            prev_comm = dag.add("allreduce", c.allreduce_s(c.model_bytes), (net,), (pack, prev_comm),
-                                kind="allreduce", owner=w, step=t)
+            prev_comm = dag.add(
+                "allreduce", c.allreduce_s(c.model_bytes), (net,), (pack, prev_comm), kind="allreduce", owner=w, step=t
+            )
             before_update = prev_comm
         elif groups:
             for j, (ready_layer, nbytes) in enumerate(groups):
-                prev_comm = dag.add(f"c{j}", c.allreduce_s(nbytes), (net,),
-                                    (done_at[ready_layer], prev_comm), kind="allreduce", owner=w, step=t)
+                prev_comm = dag.add(
+                    f"c{j}",
+                    c.allreduce_s(nbytes),
+                    (net,),
+                    (done_at[ready_layer], prev_comm),
+                    kind="allreduce",
+                    owner=w,
+                    step=t,
+                )
             before_update = prev_comm
         deps = (last, before_update)
         if groups:  # copy the reduced gradients back (DDP's bucket copy, or the unflatten)
@@ -139,14 +147,12 @@ def comm_groups(c: Costs, overlap: bool, bucket_bytes: int) -> list[tuple[int, i
     return out
 
 
-def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: int,
-             max_classes: int = 8) -> Plan:
+def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: int, max_classes: int = 8) -> Plan:
     """SSGD-PS, ASGD or OD-SGD: worker classes pushing to and pulling from S shards."""
     dag = Dag()
     mult = _split(workers, min(workers, max_classes))
     owners = [f"worker{k}" for k in range(len(mult))]
-    shard_bytes = [c.model_bytes // servers + (1 if s < c.model_bytes % servers else 0)
-                   for s in range(servers)]
+    shard_bytes = [c.model_bytes // servers + (1 if s < c.model_bytes % servers else 0) for s in range(servers)]
     ends: dict[str, list[int]] = {w: [] for w in owners}
     prev_update: list[int | None] = [None] * len(mult)
     prev_push: list[list[int | None]] = [[None] * servers for _ in mult]
@@ -156,42 +162,68 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
         packs = []
         for k, w in enumerate(owners):
             cpu = f"{w}.compute"
-            data = dag.add("data", c.data_s, (f"{w}.loader",), (prev_update[k],), kind="data",
-                           owner=w, step=t)
+            data = dag.add("data", c.data_s, (f"{w}.loader",), (prev_update[k],), kind="data", owner=w, step=t)
             fwd = dag.add("forward", sum(c.fwd), (cpu,), (data,), kind="forward", owner=w, step=t)
             bwd = dag.add("backward", sum(c.bwd), (cpu,), (fwd,), kind="backward", owner=w, step=t)
             # OD-SGD reuses the push buffer, so its previous push must have left.
-            packs.append(dag.add("pack", c.pack_s, (cpu,), (bwd, *prev_push[k]), kind="backward",
-                                 owner=w, step=t))
+            packs.append(dag.add("pack", c.pack_s, (cpu,), (bwd, *prev_push[k]), kind="backward", owner=w, step=t))
         pulls: list[list[int]] = [[] for _ in mult]
         if algorithm == "asgd":
             for k, w in enumerate(owners):
                 for s in range(servers):
                     # One pass of the shard's serial loop: receive, apply, reply.
                     serve = mult[k] * (2 * c.transfer_s(shard_bytes[s]) + c.server_apply_s / servers)
-                    pulls[k].append(dag.add(f"push-apply-pull s{s}", serve,
-                                            (f"{w}.link", f"server{s}.link", f"server{s}.compute"),
-                                            (packs[k],), kind="comm", owner=w, step=t))
+                    pulls[k].append(
+                        dag.add(
+                            f"push-apply-pull s{s}",
+                            serve,
+                            (f"{w}.link", f"server{s}.link", f"server{s}.compute"),
+                            (packs[k],),
+                            kind="comm",
+                            owner=w,
+                            step=t,
+                        )
+                    )
         else:
             for s in range(servers):
                 pushes = []
                 for k, w in enumerate(owners):
-                    push = dag.add(f"push s{s}", mult[k] * c.transfer_s(shard_bytes[s]),
-                                   (f"{w}.link", f"server{s}.link"), (packs[k], shard_free[s]),
-                                   kind="comm", owner=w, step=t)
+                    push = dag.add(
+                        f"push s{s}",
+                        mult[k] * c.transfer_s(shard_bytes[s]),
+                        (f"{w}.link", f"server{s}.link"),
+                        (packs[k], shard_free[s]),
+                        kind="comm",
+                        owner=w,
+                        step=t,
+                    )
                     prev_push[k][s] = push
                     pushes.append(push)
-                update = dag.add("server update", c.server_update_s / servers, (f"server{s}.compute",),
-                                 pushes, kind="server_update", owner=f"server{s}", step=t)
+                update = dag.add(
+                    "server update",
+                    c.server_update_s / servers,
+                    (f"server{s}.compute",),
+                    pushes,
+                    kind="server_update",
+                    owner=f"server{s}",
+                    step=t,
+                )
                 shard_pulls = []
                 for k, w in enumerate(owners):
-                    pull = dag.add(f"pull s{s}", mult[k] * c.transfer_s(shard_bytes[s]),
-                                   (f"{w}.link", f"server{s}.link"), (update,), kind="comm",
-                                   owner=w, step=t)
+                    pull = dag.add(
+                        f"pull s{s}",
+                        mult[k] * c.transfer_s(shard_bytes[s]),
+                        (f"{w}.link", f"server{s}.link"),
+                        (update,),
+                        kind="comm",
+                        owner=w,
+                        step=t,
+                    )
                     pulls[k].append(pull)
                     shard_pulls.append(pull)
-                shard_free[s] = dag.add("server ready", 0.0, (), shard_pulls, kind="server_ready",
-                                        owner=f"server{s}", step=t)
+                shard_free[s] = dag.add(
+                    "server ready", 0.0, (), shard_pulls, kind="server_ready", owner=f"server{s}", step=t
+                )
         for k, w in enumerate(owners):
             cpu = f"{w}.compute"
             if algorithm == "odsgd":
@@ -200,8 +232,9 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
                 prev_pulls[k] = pulls[k]
             else:
                 deps = (packs[k], *pulls[k])
-            prev_update[k] = dag.add("update", c.unpack_s + c.update_s * (algorithm == "odsgd"),
-                                     (cpu,), deps, kind="update", owner=w, step=t)
+            prev_update[k] = dag.add(
+                "update", c.unpack_s + c.update_s * (algorithm == "odsgd"), (cpu,), deps, kind="update", owner=w, step=t
+            )
             ends[w].append(prev_update[k])
     return Plan(dag, ends, dict(zip(owners, mult, strict=True)))
 
@@ -209,7 +242,15 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
 def without_compute(c: Costs) -> Costs:
     """The same iteration with every worker computation free: communication alone."""
     n = len(c.fwd)
-    return Costs(fwd=[0.0] * n, bwd=[0.0] * n, layer_bytes=c.layer_bytes,
-                 param_tensor_bytes=c.param_tensor_bytes, data_s=0.0, update_s=0.0,
-                 server_update_s=c.server_update_s, server_apply_s=c.server_apply_s,
-                 allreduce_s=c.allreduce_s, transfer_s=c.transfer_s)
+    return Costs(
+        fwd=[0.0] * n,
+        bwd=[0.0] * n,
+        layer_bytes=c.layer_bytes,
+        param_tensor_bytes=c.param_tensor_bytes,
+        data_s=0.0,
+        update_s=0.0,
+        server_update_s=c.server_update_s,
+        server_apply_s=c.server_apply_s,
+        allreduce_s=c.allreduce_s,
+        transfer_s=c.transfer_s,
+    )

@@ -36,8 +36,7 @@ class CommModelError(ValueError):
     """A comm.json or model.json is missing, truncated or not ours; the message names the file."""
 
 
-def _line(sizes: np.ndarray, times: np.ndarray, through_origin: bool = False
-          ) -> tuple[float, float]:
+def _line(sizes: np.ndarray, times: np.ndarray, through_origin: bool = False) -> tuple[float, float]:
     w = 1.0 / np.maximum(times, 1e-12)
     cols = [sizes] if through_origin else [np.ones_like(sizes), sizes]
     coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1) * w[:, None], times * w, rcond=None)
@@ -84,7 +83,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
     groups = _grouped(comm)
     p2p_beta = None
     fits = []
-    for (prim, n, s) in sorted(groups, key=lambda k: (k[0] != "p2p", k)):
+    for prim, n, s in sorted(groups, key=lambda k: (k[0] != "p2p", k)):
         sizes, times = groups[(prim, n, s)]
         line = fit_line(sizes, times)
         a, b = line["intercept_s"], line["slope_s_per_byte"]
@@ -104,17 +103,27 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         flags = list(line["flags"])
         usable = True
         if link and beta < 1.0 / link:
-            flags.append(f"beta {beta:.3g} s/B is faster than the link's {1.0 / link:.3g} s/B "
-                         f"({link * 8 / 1e9:.3g} Gbit/s); not used")
+            flags.append(
+                f"beta {beta:.3g} s/B is faster than the link's {1.0 / link:.3g} s/B "
+                f"({link * 8 / 1e9:.3g} Gbit/s); not used"
+            )
             usable = False
-        fits.append({
-            "primitive": prim, "workers": n, "servers": s, "alpha_s": alpha,
-            "beta_s_per_byte": beta, "gamma_s_per_byte": gamma, **line,
-            "sizes": sizes, "measured_s": times, "usable": usable,
-        })
+        fits.append(
+            {
+                "primitive": prim,
+                "workers": n,
+                "servers": s,
+                "alpha_s": alpha,
+                "beta_s_per_byte": beta,
+                "gamma_s_per_byte": gamma,
+                **line,
+                "sizes": sizes,
+                "measured_s": times,
+                "usable": usable,
+            }
+        )
         fits[-1]["flags"] = flags
-    return {"kind": MODEL_KIND, "link_bytes_per_s": link, "environment": comm.get("environment", {}),
-            "fits": fits}
+    return {"kind": MODEL_KIND, "link_bytes_per_s": link, "environment": comm.get("environment", {}), "fits": fits}
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -132,19 +141,20 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 def load_comm(path: Path) -> dict[str, Any]:
     data = _read_json(path, "comm.json")
     if data.get("kind") != COMM_KIND or not isinstance(data.get("measurements"), list):
-        raise CommModelError(f"{path}: not a ddlbench comm.json (kind {data.get('kind')!r}); "
-                             "write one with `ddlbench microbench`")
+        raise CommModelError(
+            f"{path}: not a ddlbench comm.json (kind {data.get('kind')!r}); write one with `ddlbench microbench`"
+        )
     return data
 
 
 def load_comm_model(path: Path) -> dict[str, Any]:
     data = _read_json(path, "comm model")
     if data.get("kind") != MODEL_KIND or not isinstance(data.get("fits"), list):
-        raise CommModelError(f"{path}: not a ddlbench comm model (kind {data.get('kind')!r}); "
-                             "write one with `ddlbench fit`")
+        raise CommModelError(
+            f"{path}: not a ddlbench comm model (kind {data.get('kind')!r}); write one with `ddlbench fit`"
+        )
     for i, f in enumerate(data["fits"]):
-        missing = {"primitive", "workers", "alpha_s", "beta_s_per_byte", "intercept_s",
-                   "slope_s_per_byte"} - set(f)
+        missing = {"primitive", "workers", "alpha_s", "beta_s_per_byte", "intercept_s", "slope_s_per_byte"} - set(f)
         if missing:
             raise CommModelError(f"{path}: fits[{i}] lacks {', '.join(sorted(missing))}")
     return data
@@ -169,7 +179,8 @@ class CommCosts:
         if not best.get("usable", True) and self.bw is None:
             raise CommModelError(
                 f"comm model: the {prim} fit for {best['workers']} workers is flagged "
-                f"({'; '.join(best['flags'])}); give a bandwidth to predict with")
+                f"({'; '.join(best['flags'])}); give a bandwidth to predict with"
+            )
         return best
 
     def allreduce(self, workers: int):
@@ -196,8 +207,11 @@ class CommCosts:
         f = self._nearest("ps", workers, servers) or self._nearest("p2p", 2)
         if f is None:
             raise CommModelError("comm model: no ps or p2p fits; run `ddlbench microbench --servers 1`")
-        if (f["primitive"], f["workers"], f.get("servers", 0)) == ("ps", workers, servers) \
-                and self.bw is None and "measured_s" in f:
+        if (
+            (f["primitive"], f["workers"], f.get("servers", 0)) == ("ps", workers, servers)
+            and self.bw is None
+            and "measured_s" in f
+        ):
             # A measured round is 2N transfers of M/S bytes queued on one shard link.
             round_s = _measured(f)
             return lambda m: round_s(m * servers) / (2 * workers)

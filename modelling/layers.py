@@ -22,8 +22,9 @@ def check_layers(layers: dict[str, Any], source: str = "layers") -> dict[str, An
         raise LayersError(f"{source}: expected a JSON object, got {type(layers).__name__}")
     missing = [k for k in TABLE_KEYS if k not in layers]
     if missing:
-        raise LayersError(f"{source}: not a ddlbench layer table (lacks {', '.join(missing)}); "
-                          "write one with `ddlbench profile`")
+        raise LayersError(
+            f"{source}: not a ddlbench layer table (lacks {', '.join(missing)}); write one with `ddlbench profile`"
+        )
     if not layers["layers"]:
         raise LayersError(f"{source}: the layer table is empty")
     for i, row in enumerate(layers["layers"]):
@@ -46,18 +47,23 @@ def load_layers(path: Path) -> dict[str, Any]:
 
 
 def format_table(layers: dict[str, Any]) -> str:
-    rows = [f"{layers['model']}  batch {layers['batch_size']}  device {layers.get('device', '?')}  "
-            f"processes {layers.get('processes', 1)}  input {layers.get('input_shape')}",
-            f"{'#':>3} {'layer':<28} {'type':<18} {'fwd ms':>9} {'bwd ms':>9} {'params KB':>10} "
-            f"{'out KB':>9}"]
+    rows = [
+        f"{layers['model']}  batch {layers['batch_size']}  device {layers.get('device', '?')}  "
+        f"processes {layers.get('processes', 1)}  input {layers.get('input_shape')}",
+        f"{'#':>3} {'layer':<28} {'type':<18} {'fwd ms':>9} {'bwd ms':>9} {'params KB':>10} {'out KB':>9}",
+    ]
     for i, r in enumerate(layers["layers"]):
-        rows.append(f"{i:>3} {r['name'][:28]:<28} {r['type'][:18]:<18} {r['fwd_s'] * 1e3:>9.3f} "
-                    f"{r['bwd_s'] * 1e3:>9.3f} {r['param_bytes'] / 1024:>10.1f} "
-                    f"{r.get('output_bytes', 0) / 1024:>9.1f}")
+        rows.append(
+            f"{i:>3} {r['name'][:28]:<28} {r['type'][:18]:<18} {r['fwd_s'] * 1e3:>9.3f} "
+            f"{r['bwd_s'] * 1e3:>9.3f} {r['param_bytes'] / 1024:>10.1f} "
+            f"{r.get('output_bytes', 0) / 1024:>9.1f}"
+        )
     fwd = sum(r["fwd_s"] for r in layers["layers"])
     bwd = sum(r["bwd_s"] for r in layers["layers"])
-    rows.append(f"total forward {fwd * 1e3:.3f} ms, backward {bwd * 1e3:.3f} ms, "
-                f"update {layers['update_s'] * 1e3:.3f} ms, data {layers['data_s'] * 1e3:.3f} ms")
+    rows.append(
+        f"total forward {fwd * 1e3:.3f} ms, backward {bwd * 1e3:.3f} ms, "
+        f"update {layers['update_s'] * 1e3:.3f} ms, data {layers['data_s'] * 1e3:.3f} ms"
+    )
     return "\n".join(rows) + "\n"
 
 

@@ -22,9 +22,18 @@ class MicrobenchFailed(RuntimeError):
     """The microbenchmark job failed; the message says which ranks and where the log is."""
 
 
-def run_microbench(workers: int, servers: int, out_dir: Path, *, provider=None,
-                   sizes: list[int] | None = None, repeats: int = 5, timeout_s: float = 600,
-                   link_bytes_per_s: float | None = None, echo: bool = False) -> dict[str, Any]:
+def run_microbench(
+    workers: int,
+    servers: int,
+    out_dir: Path,
+    *,
+    provider=None,
+    sizes: list[int] | None = None,
+    repeats: int = 5,
+    timeout_s: float = 600,
+    link_bytes_per_s: float | None = None,
+    echo: bool = False,
+) -> dict[str, Any]:
     """Measure, write out_dir/comm.json and return its content."""
     from infra import Job
 
@@ -42,12 +51,23 @@ def run_microbench(workers: int, servers: int, out_dir: Path, *, provider=None,
 
         provider = LocalProvider()
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"workers": workers, "servers": servers, "sizes": sizes, "repeats": repeats,
-            "timeout_s": timeout_s, "link_bytes_per_s": link_bytes_per_s}
+    spec = {
+        "workers": workers,
+        "servers": servers,
+        "sizes": sizes,
+        "repeats": repeats,
+        "timeout_s": timeout_s,
+        "link_bytes_per_s": link_bytes_per_s,
+    }
     (out_dir / "microbench.json").write_text(json.dumps(spec, indent=2))
     (out_dir / "comm.json").unlink(missing_ok=True)
-    job = Job(module="modelling.microbench_rank", args=[str(out_dir.resolve())],
-              world_size=workers + servers, log_path=out_dir / "microbench.log", timeout_s=timeout_s)
+    job = Job(
+        module="modelling.microbench_rank",
+        args=[str(out_dir.resolve())],
+        world_size=workers + servers,
+        log_path=out_dir / "microbench.log",
+        timeout_s=timeout_s,
+    )
     result = provider.run(job, echo=echo)
     if not result.ok or not (out_dir / "comm.json").exists():
         raise MicrobenchFailed(f"microbench: {result.describe_failure()}")

@@ -40,8 +40,15 @@ def _timed(op, repeats: int, group=None) -> list[float]:
 
 def _row(primitive: str, workers: int, servers: int, nbytes: int, times: list[float]) -> dict[str, Any]:
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-    return {"primitive": primitive, "workers": workers, "servers": servers, "bytes": nbytes,
-            "median_s": statistics.median(times), "spread_s": q[2] - q[0], "times_s": times}
+    return {
+        "primitive": primitive,
+        "workers": workers,
+        "servers": servers,
+        "bytes": nbytes,
+        "median_s": statistics.median(times),
+        "spread_s": q[2] - q[0],
+        "times_s": times,
+    }
 
 
 def _shards(numel: int, servers: int) -> list[tuple[int, int]]:
@@ -67,8 +74,7 @@ def run(out: Path) -> int:
         numel = max(nbytes // 4, 1)
         buf = torch.ones(numel)
         if n > 1:
-            times = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None,
-                           repeats)
+            times = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None, repeats)
             rows.append(_row("allreduce", n, 0, numel * 4, times))
         times = _timed(lambda b=buf: _ping_pong(b, rank), repeats)
         rows.append(_row("p2p", 2, 0, numel * 4, [t / 2 for t in times]))
@@ -76,9 +82,16 @@ def run(out: Path) -> int:
             times = _timed(lambda b=buf: _push_pull(b, rank, n, s, timeout), repeats)
             rows.append(_row("ps", n, s, numel * 4, times))
     if rank == 0:
-        comm = {"kind": COMM_KIND, "workers": n, "servers": s, "sizes": spec["sizes"],
-                "repeats": repeats, "link_bytes_per_s": spec.get("link_bytes_per_s"),
-                "measurements": rows, "environment": _environment(n + s)}
+        comm = {
+            "kind": COMM_KIND,
+            "workers": n,
+            "servers": s,
+            "sizes": spec["sizes"],
+            "repeats": repeats,
+            "link_bytes_per_s": spec.get("link_bytes_per_s"),
+            "measurements": rows,
+            "environment": _environment(n + s),
+        }
         (out / "comm.json").write_text(json.dumps(comm, indent=2))
     dist.destroy_process_group()
     return 0
@@ -115,8 +128,14 @@ def _push_pull(buf: torch.Tensor, rank: int, n: int, s: int, timeout: timedelta)
 
 
 def _environment(world: int) -> dict[str, Any]:
-    return {"torch": torch.__version__, "backend": "gloo", "hostname": platform.node(),
-            "cpu_count": os.cpu_count(), "world_size": world, "python": platform.python_version()}
+    return {
+        "torch": torch.__version__,
+        "backend": "gloo",
+        "hostname": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "world_size": world,
+        "python": platform.python_version(),
+    }
 
 
 @record

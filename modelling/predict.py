@@ -21,10 +21,10 @@ from modelling.fit import CommCosts
 from modelling.layers import check_layers
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 
+WORKER_TASKS = ("data", "forward", "backward", "update")  # worker computation, by task kind
+SERVER_PHASE = {"push": "comm_wait", "pull": "send", "push-apply-pull": "update"}
 # Unrolled iterations: enough for the asynchronous pipelines to settle; the
 # second half is the steady state that is measured.
-WORKER_TASKS = ("data", "forward", "backward", "update")
-SERVER_PHASE = {"push": "comm_wait", "pull": "send", "push-apply-pull": "update"}
 ITERATIONS = {("ssgd", "allreduce"): 3, ("ssgd", "ps"): 4, ("odsgd", "ps"): 6, ("asgd", "ps"): 8}
 
 
@@ -39,8 +39,9 @@ def _check(algorithm: str, comm_mode: str, servers: int) -> None:
         raise ValueError(f"servers: comm ps needs at least 1 shard, got {servers}")
 
 
-def build_costs(layers: dict[str, Any], comm: CommCosts, workers: int, servers: int,
-                comm_mode: str, batch_size: int | None = None) -> Costs:
+def build_costs(
+    layers: dict[str, Any], comm: CommCosts, workers: int, servers: int, comm_mode: str, batch_size: int | None = None
+) -> Costs:
     """Task durations for one world size; compute scales linearly to another batch size."""
     scale = batch_size / layers["batch_size"] if batch_size else 1.0
     rows = layers["layers"]
@@ -53,19 +54,25 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, workers: int, servers: 
         update_s=layers["update_s"],
         pack_s=layers.get("pack_s", 0.0),
         unpack_s=layers.get("unpack_s", 0.0),
-        server_update_s=layers.get("server_update_s", 0.0)
-        + (workers - 1) * layers.get("server_add_s", 0.0),
+        server_update_s=layers.get("server_update_s", 0.0) + (workers - 1) * layers.get("server_add_s", 0.0),
         server_apply_s=layers.get("server_add_s", 0.0),
         allreduce_s=comm.allreduce(workers) if comm_mode == "allreduce" else (lambda _m: 0.0),
         transfer_s=comm.transfer(workers, servers) if comm_mode == "ps" else (lambda _m: 0.0),
     )
 
 
-def _plan(c: Costs, algorithm: str, comm_mode: str, workers: int, servers: int, overlap: bool,
-          bucket_mb: float, iterations: int) -> Plan:
+def _plan(
+    c: Costs,
+    algorithm: str,
+    comm_mode: str,
+    workers: int,
+    servers: int,
+    overlap: bool,
+    bucket_mb: float,
+    iterations: int,
+) -> Plan:
     if comm_mode == "allreduce":
-        return build_allreduce(c, workers, iterations, overlap=overlap,
-                               bucket_bytes=int(bucket_mb * 1024 * 1024))
+        return build_allreduce(c, workers, iterations, overlap=overlap, bucket_bytes=int(bucket_mb * 1024 * 1024))
     return build_ps(c, algorithm, workers, servers, iterations)
 
 
@@ -91,14 +98,22 @@ def _compact_path(plan: Plan, sched: Schedule, path: list[int]) -> list[dict[str
             out[-1]["end_s"] = sched.end[t]
             out[-1]["tasks"] += 1
         else:
-            out.append({"task": kind, "owner": owner, "start_s": sched.start[t],
-                        "end_s": sched.end[t], "tasks": 1})
+            out.append({"task": kind, "owner": owner, "start_s": sched.start[t], "end_s": sched.end[t], "tasks": 1})
     return out
 
 
-def predict_one(layers: dict[str, Any], comm: CommCosts, *, algorithm: str, comm_mode: str,
-                workers: int, servers: int, overlap: bool, bucket_mb: float,
-                batch_size: int | None) -> dict[str, Any]:
+def predict_one(
+    layers: dict[str, Any],
+    comm: CommCosts,
+    *,
+    algorithm: str,
+    comm_mode: str,
+    workers: int,
+    servers: int,
+    overlap: bool,
+    bucket_mb: float,
+    batch_size: int | None,
+) -> dict[str, Any]:
     servers = servers if comm_mode == "ps" else 0
     costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size)
     iterations = ITERATIONS[(algorithm, comm_mode)]
@@ -111,11 +126,13 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, *, algorithm: str, comm
     throughput = sum(m * batch / periods[o] for o, m in plan.multiplicity.items() if periods[o] > 0)
     if comm_mode == "allreduce":
         # All buckets queue on the network: communication alone is their sum.
-        comm_s = sum(costs.allreduce_s(nbytes) for _, nbytes in
-                     comm_groups(costs, overlap, int(bucket_mb * 1024 * 1024))) if workers > 1 else 0.0
+        comm_s = (
+            sum(costs.allreduce_s(nbytes) for _, nbytes in comm_groups(costs, overlap, int(bucket_mb * 1024 * 1024)))
+            if workers > 1
+            else 0.0
+        )
     else:
-        bare = _plan(without_compute(costs), algorithm, comm_mode, workers, servers, overlap,
-                     bucket_mb, iterations)
+        bare = _plan(without_compute(costs), algorithm, comm_mode, workers, servers, overlap, bucket_mb, iterations)
         bare_periods = _periods(bare, simulate(bare.dag))
         comm_s = sum(bare_periods[o] * m for o, m in bare.multiplicity.items()) / total
     ends = plan.iteration_ends["worker0"]
@@ -125,8 +142,11 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, *, algorithm: str, comm
     for res, busy in busy_time(plan.dag, sched, t0, t1).items():
         groups.setdefault(_resource_group(res), []).append(busy / (t1 - t0) if t1 > t0 else 0.0)
     dag = plan.dag
-    compute_s = sum(dag.durations[t] for t in range(len(dag)) if dag.owners[t] == "worker0"
-                    and dag.steps[t] == 0 and dag.kinds[t] in WORKER_TASKS)
+    compute_s = sum(
+        dag.durations[t]
+        for t in range(len(dag))
+        if dag.owners[t] == "worker0" and dag.steps[t] == 0 and dag.kinds[t] in WORKER_TASKS
+    )
     return {
         "workers": workers,
         "servers": servers,
@@ -141,25 +161,54 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, *, algorithm: str, comm
     }
 
 
-def predict(layers: dict[str, Any], comm_model: dict[str, Any], *, algorithm: str, comm_mode: str,
-            workers: list[int], servers: int = 1, bandwidth_bytes_per_s: float | None = None,
-            bucket_mb: float = 25.0, overlap: bool = True, batch_size: int | None = None
-            ) -> list[dict[str, Any]]:
+def predict(
+    layers: dict[str, Any],
+    comm_model: dict[str, Any],
+    *,
+    algorithm: str,
+    comm_mode: str,
+    workers: list[int],
+    servers: int = 1,
+    bandwidth_bytes_per_s: float | None = None,
+    bucket_mb: float = 25.0,
+    overlap: bool = True,
+    batch_size: int | None = None,
+) -> list[dict[str, Any]]:
     """One prediction per world size in `workers`. bucket_mb <= 0 means per-layer WFBP."""
     _check(algorithm, comm_mode, servers)
     check_layers(layers)
     if any(n < 1 for n in workers):
         raise ValueError(f"workers: every world size must be at least 1, got {workers}")
     comm = CommCosts(comm_model, bandwidth_bytes_per_s)
-    return [predict_one(layers, comm, algorithm=algorithm, comm_mode=comm_mode, workers=n,
-                        servers=servers, overlap=overlap, bucket_mb=bucket_mb, batch_size=batch_size)
-            for n in workers]
+    return [
+        predict_one(
+            layers,
+            comm,
+            algorithm=algorithm,
+            comm_mode=comm_mode,
+            workers=n,
+            servers=servers,
+            overlap=overlap,
+            bucket_mb=bucket_mb,
+            batch_size=batch_size,
+        )
+        for n in workers
+    ]
 
 
-def predicted_timeline(layers: dict[str, Any], comm_model: dict[str, Any], *, algorithm: str,
-                       comm_mode: str, workers: int, servers: int = 1,
-                       bandwidth_bytes_per_s: float | None = None, bucket_mb: float = 25.0,
-                       overlap: bool = True, batch_size: int | None = None) -> list[dict[str, Any]]:
+def predicted_timeline(
+    layers: dict[str, Any],
+    comm_model: dict[str, Any],
+    *,
+    algorithm: str,
+    comm_mode: str,
+    workers: int,
+    servers: int = 1,
+    bandwidth_bytes_per_s: float | None = None,
+    bucket_mb: float = 25.0,
+    overlap: bool = True,
+    batch_size: int | None = None,
+) -> list[dict[str, Any]]:
     """The simulated schedule as timeline records (training/timeline.py's format):
     one record per worker (class) and step, and per server shard and step."""
     _check(algorithm, comm_mode, servers)
@@ -202,9 +251,16 @@ def _records(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:
                 phases["comm_wait"] = [phases["backward"][1], phases["update"][0]]
         else:
             role, rank = "server", len(ranks) + int(owner.removeprefix("server"))
-        records.append({"rank": rank, "role": role, "step": step,
-                        "start": min(a for a, _ in phases.values()),
-                        "end": max(b for _, b in phases.values()), "phases": phases})
+        records.append(
+            {
+                "rank": rank,
+                "role": role,
+                "step": step,
+                "start": min(a for a, _ in phases.values()),
+                "end": max(b for _, b in phases.values()),
+                "phases": phases,
+            }
+        )
     return sorted(records, key=lambda r: (r["rank"], r["step"]))
 
 
@@ -215,8 +271,14 @@ def write_chrome_trace(records: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-_COLOURS = {"data": "#9e9e9e", "forward": "#4c72b0", "backward": "#55a868", "comm_wait": "#c44e52",
-            "update": "#8172b2", "send": "#dd8452"}
+_COLOURS = {
+    "data": "#9e9e9e",
+    "forward": "#4c72b0",
+    "backward": "#55a868",
+    "comm_wait": "#c44e52",
+    "update": "#8172b2",
+    "send": "#dd8452",
+}
 
 
 def write_gantt(records: list[dict[str, Any]], path: Path, title: str = "predicted timeline") -> Path:
@@ -233,13 +295,15 @@ def write_gantt(records: list[dict[str, Any]], path: Path, title: str = "predict
     for rec in records:
         for phase, (a, b) in rec["phases"].items():
             if b > a:
-                ax.broken_barh([(a * 1e3, (b - a) * 1e3)], (row[rec["rank"]] - 0.4, 0.8),
-                               facecolors=_COLOURS.get(phase, "#333333"))
+                ax.broken_barh(
+                    [(a * 1e3, (b - a) * 1e3)], (row[rec["rank"]] - 0.4, 0.8), facecolors=_COLOURS.get(phase, "#333333")
+                )
     ax.set_yticks(range(len(ranks)), [f"{role} {rank}" for rank, role in ranks])
     ax.set_xlabel("time (ms)")
     ax.set_title(title)
-    ax.legend(handles=[Patch(color=c, label=p) for p, c in _COLOURS.items()], loc="upper right",
-              fontsize="small", ncol=3)
+    ax.legend(
+        handles=[Patch(color=c, label=p) for p, c in _COLOURS.items()], loc="upper right", fontsize="small", ncol=3
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -44,10 +44,20 @@ def _setup(model: str, batch_size: int, input_shape, dataset: str, num_classes: 
     from training.models import build_model, natural_input_shape
 
     shape = tuple(input_shape) if input_shape else natural_input_shape(model, native_shape(dataset))
-    cfg = build_config({"model": model, "dataset": dataset, "batch_size": batch_size, "steps": 1,
-                        "workers": 1, "num_classes": num_classes if dataset == "synthetic" else None,
-                        "input_shape": shape, "device": device,
-                        "synthetic_samples": max(16, 4 * batch_size)}, "profile")
+    cfg = build_config(
+        {
+            "model": model,
+            "dataset": dataset,
+            "batch_size": batch_size,
+            "steps": 1,
+            "workers": 1,
+            "num_classes": num_classes if dataset == "synthetic" else None,
+            "input_shape": shape,
+            "device": device,
+            "synthetic_samples": max(16, 4 * batch_size),
+        },
+        "profile",
+    )
     train, _ = load_dataset(cfg, shape)
     torch.manual_seed(0)
     dev = torch.device(device)
@@ -62,9 +72,11 @@ def _clock(dev):
     import torch
 
     if dev.type == "cuda":
+
         def now() -> float:
             torch.cuda.synchronize(dev)
             return time.perf_counter()
+
         return now
     return time.perf_counter
 
@@ -85,8 +97,7 @@ def _iteration(net, opt, train, sampler, step: int, dev, now) -> dict[str, float
     opt.step()
     opt.zero_grad(set_to_none=True)
     t4 = now()
-    return {"data": t1 - t0, "fwd_start": t1, "fwd_end": t2, "bwd_start": t2, "bwd_end": t3,
-            "update": t4 - t3}
+    return {"data": t1 - t0, "fwd_start": t1, "fwd_end": t2, "bwd_start": t2, "bwd_end": t3, "update": t4 - t3}
 
 
 def _contend(args: tuple, ready, stop) -> None:
@@ -115,19 +126,18 @@ def _flat_ops(net, repeats: int, now) -> dict[str, float]:
     other = torch.randn(numel, device=params[0].device)
     server = torch.nn.Parameter(torch.zeros(numel, device=params[0].device))
     sgd = torch.optim.SGD([server], lr=0.01, momentum=0.9)
-    times: dict[str, list[float]] = {"pack_s": [], "unpack_s": [], "server_update_s": [],
-                                     "server_add_s": []}
+    times: dict[str, list[float]] = {"pack_s": [], "unpack_s": [], "server_update_s": [], "server_add_s": []}
     for _ in range(repeats + 1):
         t0 = now()
         offset = 0
         for p in params:  # PSClient.gather_grads
-            flat[offset:offset + p.numel()].view_as(p).copy_(p.grad)
+            flat[offset : offset + p.numel()].view_as(p).copy_(p.grad)
             offset += p.numel()
         t1 = now()
         with torch.no_grad():
             offset = 0
             for p in params:  # PSClient.load_into_params
-                p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
         t2 = now()
         other.div_(2.0)  # the sync server (training/ps.py): average, then the optimizer step
@@ -152,15 +162,31 @@ def _environment(device: str, processes: int) -> dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"torch": torch.__version__, "device": device, "cpu_model": cpu, "cpu_count": os.cpu_count(),
-            "gpu_model": torch.cuda.get_device_name() if device == "cuda" else None,
-            "hostname": platform.node(), "python": platform.python_version(),
-            "threads_per_process": 1, "processes": processes}
+    return {
+        "torch": torch.__version__,
+        "device": device,
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "gpu_model": torch.cuda.get_device_name() if device == "cuda" else None,
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "threads_per_process": 1,
+        "processes": processes,
+    }
 
 
-def profile_layers(model: str, batch_size: int, *, input_shape: tuple[int, int, int] | None = None,
-                   dataset: str = "synthetic", num_classes: int = 10, device: str = "cpu",
-                   warmup: int = 3, repeats: int = 10, processes: int = 1) -> dict[str, Any]:
+def profile_layers(
+    model: str,
+    batch_size: int,
+    *,
+    input_shape: tuple[int, int, int] | None = None,
+    dataset: str = "synthetic",
+    num_classes: int = 10,
+    device: str = "cpu",
+    warmup: int = 3,
+    repeats: int = 10,
+    processes: int = 1,
+) -> dict[str, Any]:
     """The layer table (layers.json content) of `model` at `batch_size` per process."""
     import torch
 
@@ -170,13 +196,15 @@ def profile_layers(model: str, batch_size: int, *, input_shape: tuple[int, int, 
         raise ValueError(f"processes: must be at least 1, got {processes}")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats/warmup: need repeats >= 1 and warmup >= 0, got {repeats}/{warmup}")
+    from training.models import check_model_name
+
+    check_model_name(model)  # before any process starts
     args = (model, batch_size, input_shape, dataset, num_classes, device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every training rank runs
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Barrier(processes), ctx.Event()
-    contenders = [ctx.Process(target=_contend, args=(args, ready, stop), daemon=True)
-                  for _ in range(processes - 1)]
+    contenders = [ctx.Process(target=_contend, args=(args, ready, stop), daemon=True) for _ in range(processes - 1)]
     try:
         for c in contenders:
             c.start()
@@ -190,9 +218,18 @@ def profile_layers(model: str, batch_size: int, *, input_shape: tuple[int, int, 
             if c.is_alive():
                 c.kill()
         torch.set_num_threads(threads)
-    return {"model": model, "batch_size": batch_size, "device": device, "input_shape": list(shape),
-            "dataset": dataset, "processes": processes, "warmup": warmup, "repeats": repeats,
-            **table, "environment": _environment(device, processes)}
+    return {
+        "model": model,
+        "batch_size": batch_size,
+        "device": device,
+        "input_shape": list(shape),
+        "dataset": dataset,
+        "processes": processes,
+        "warmup": warmup,
+        "repeats": repeats,
+        **table,
+        "environment": _environment(device, processes),
+    }
 
 
 def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[str, Any]:
@@ -213,8 +250,7 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
         handles.append(m.register_forward_hook(on_forward))
         for p in m.parameters(recurse=False):
             if p.requires_grad:
-                handles.append(p.register_post_accumulate_grad_hook(
-                    lambda _p, m=m: grad_stamp.__setitem__(m, now())))
+                handles.append(p.register_post_accumulate_grad_hook(lambda _p, m=m: grad_stamp.__setitem__(m, now())))
     per_layer: dict[Any, dict[str, list[float]]] = {m: {"fwd": [], "bwd": []} for m in owners}
     data, update = [], []
     order: list[Any] = []
@@ -244,14 +280,24 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
     for m in order:
         ps = list(m.parameters(recurse=False))
         f, b = per_layer[m]["fwd"], per_layer[m]["bwd"] or [0.0]
-        rows.append({
-            "name": names[m] or type(m).__name__, "type": type(m).__name__,
-            "fwd_s": statistics.median(f), "bwd_s": statistics.median(b),
-            "fwd_spread_s": _spread(f), "bwd_spread_s": _spread(b),
-            "param_bytes": sum(p.numel() * p.element_size() for p in ps),
-            "param_tensor_bytes": [p.numel() * p.element_size() for p in ps],
-            "output_bytes": out_bytes.get(m, 0),
-        })
-    return {"layers": rows, "update_s": statistics.median(update), "update_spread_s": _spread(update),
-            "data_s": statistics.median(data), "data_spread_s": _spread(data),
-            **_flat_ops(net, repeats, now)}
+        rows.append(
+            {
+                "name": names[m] or type(m).__name__,
+                "type": type(m).__name__,
+                "fwd_s": statistics.median(f),
+                "bwd_s": statistics.median(b),
+                "fwd_spread_s": _spread(f),
+                "bwd_spread_s": _spread(b),
+                "param_bytes": sum(p.numel() * p.element_size() for p in ps),
+                "param_tensor_bytes": [p.numel() * p.element_size() for p in ps],
+                "output_bytes": out_bytes.get(m, 0),
+            }
+        )
+    return {
+        "layers": rows,
+        "update_s": statistics.median(update),
+        "update_spread_s": _spread(update),
+        "data_s": statistics.median(data),
+        "data_spread_s": _spread(data),
+        **_flat_ops(net, repeats, now),
+    }

@@ -27,8 +27,17 @@ class Dag:
     owners: list[str] = field(default_factory=list)  # which worker or server the task belongs to
     steps: list[int] = field(default_factory=list)
 
-    def add(self, name: str, duration: float, resources: tuple[str, ...], deps=(), *,
-            kind: str = "", owner: str = "", step: int = 0) -> int:
+    def add(
+        self,
+        name: str,
+        duration: float,
+        resources: tuple[str, ...],
+        deps=(),
+        *,
+        kind: str = "",
+        owner: str = "",
+        step: int = 0,
+    ) -> int:
         deps = tuple(d for d in deps if d is not None)
         n = len(self.names)
         if duration < 0:

@@ -34,7 +34,8 @@ def _comm_model_for(run: Path) -> dict[str, Any]:
         return fit_comm(load_comm(comm))
     raise ValidationInputError(
         f"{run}: no comm model (model.json, or comm.json to fit) in the run dir or beside it; "
-        "pass --comm-model or run `ddlbench microbench` and `ddlbench fit`")
+        "pass --comm-model or run `ddlbench microbench` and `ddlbench fit`"
+    )
 
 
 def _summary(run: Path) -> dict[str, Any]:
@@ -50,37 +51,55 @@ def _summary(run: Path) -> dict[str, Any]:
     return summary
 
 
-def validate_run(run: Path, layers: dict[str, Any] | None = None,
-                 comm_model: dict[str, Any] | None = None) -> dict[str, Any]:
+def validate_run(
+    run: Path, layers: dict[str, Any] | None = None, comm_model: dict[str, Any] | None = None
+) -> dict[str, Any]:
     summary = _summary(run)
     if layers is None:
         path = _find(run, "layers.json")
         if path is None:
             raise ValidationInputError(
                 f"{run}: no layers.json in the run dir or beside it; pass --layers or run "
-                f"`ddlbench profile --model {summary['model']}`")
+                f"`ddlbench profile --model {summary['model']}`"
+            )
         layers = load_layers(path)
     if layers["model"] != summary["model"]:
-        raise ValidationInputError(f"{run}: the run trained {summary['model']} but the layer table "
-                                   f"profiles {layers['model']}")
+        raise ValidationInputError(
+            f"{run}: the run trained {summary['model']} but the layer table profiles {layers['model']}"
+        )
     comm_model = comm_model if comm_model is not None else _comm_model_for(run)
     config = summary.get("config", {})
-    pred = predict(layers, comm_model, algorithm=summary["algorithm"], comm_mode=summary["comm"],
-                   workers=[summary["workers"]], servers=summary.get("servers") or 1,
-                   bucket_mb=config.get("bucket_mb", 25.0),
-                   overlap=summary["overlap"] if summary.get("overlap") is not None else True,
-                   batch_size=summary["batch_size"])[0]
+    pred = predict(
+        layers,
+        comm_model,
+        algorithm=summary["algorithm"],
+        comm_mode=summary["comm"],
+        workers=[summary["workers"]],
+        servers=summary.get("servers") or 1,
+        bucket_mb=config.get("bucket_mb", 25.0),
+        overlap=summary["overlap"] if summary.get("overlap") is not None else True,
+        batch_size=summary["batch_size"],
+    )[0]
     measured = summary["iter_time_s"]["p50"]
-    return {"run": str(run), "algorithm": summary["algorithm"], "comm": summary["comm"],
-            "workers": summary["workers"], "servers": summary.get("servers", 0),
-            "model": summary["model"], "predicted_iter_s": pred["iter_time_s"],
-            "measured_iter_s": measured, "error": (pred["iter_time_s"] - measured) / measured,
-            "predicted_compute_s": pred["compute_s"], "predicted_comm_s": pred["comm_s"],
-            "measured_breakdown_s": summary.get("breakdown_s")}
+    return {
+        "run": str(run),
+        "algorithm": summary["algorithm"],
+        "comm": summary["comm"],
+        "workers": summary["workers"],
+        "servers": summary.get("servers", 0),
+        "model": summary["model"],
+        "predicted_iter_s": pred["iter_time_s"],
+        "measured_iter_s": measured,
+        "error": (pred["iter_time_s"] - measured) / measured,
+        "predicted_compute_s": pred["compute_s"],
+        "predicted_comm_s": pred["comm_s"],
+        "measured_breakdown_s": summary.get("breakdown_s"),
+    }
 
 
-def validate_runs(run_dirs: list[Path], *, layers: dict[str, Any] | None = None,
-                  comm_model: dict[str, Any] | None = None) -> dict[str, Any]:
+def validate_runs(
+    run_dirs: list[Path], *, layers: dict[str, Any] | None = None, comm_model: dict[str, Any] | None = None
+) -> dict[str, Any]:
     if not run_dirs:
         raise ValidationInputError("run: give at least one training run directory")
     runs = [validate_run(Path(r), layers, comm_model) for r in run_dirs]

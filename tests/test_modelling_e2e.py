@@ -24,10 +24,10 @@ def test_microbench_refuses_bad_input_before_launching(tmp_path) -> None:
 
 
 def test_profile_refuses_bad_input() -> None:
-    with pytest.raises(ValueError, match="model: unknown model"):
-        profile_layers("nosuchnet", 8)
     with pytest.raises(ValueError, match="processes"):
         profile_layers("mlp", 8, processes=0)
+    with pytest.raises(ValueError, match="model: unknown model"):
+        profile_layers("nosuchnet", 8)
 
 
 @pytest.mark.slow
@@ -37,26 +37,26 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
 
     from training.models import build_model
 
-    comm = run_microbench(2, 1, tmp_path / "mb", sizes=[4096, 65536, 1 << 20], repeats=3)
+    comm = run_microbench(2, 0, tmp_path / "mb", sizes=[4096, 1 << 20], repeats=2)
     prims = {(m["primitive"], m["bytes"]) for m in comm["measurements"]}
-    assert prims == {(p, b) for p in ("allreduce", "p2p", "ps") for b in (4096, 65536, 1 << 20)}
-    assert all(m["median_s"] > 0 and len(m["times_s"]) == 3 for m in comm["measurements"])
+    assert prims == {(p, b) for p in ("allreduce", "p2p") for b in (4096, 1 << 20)}
+    assert all(m["median_s"] > 0 and len(m["times_s"]) == 2 for m in comm["measurements"])
     model = fit_comm(comm)
-    assert {f["primitive"] for f in model["fits"]} == {"allreduce", "p2p", "ps"}
+    assert {f["primitive"] for f in model["fits"]} == {"allreduce", "p2p"}
 
-    layers = profile_layers("lenet5", 16, dataset="digits", processes=2, warmup=2, repeats=5)
+    layers = profile_layers("lenet5", 16, dataset="digits", processes=2, warmup=2, repeats=4)
     net = build_model("lenet5", (1, 28, 28), 10)
     expected = [m for m in net.modules() if list(m.parameters(recurse=False))]
     assert [r["type"] for r in layers["layers"]] == [type(m).__name__ for m in expected]
     assert [r["param_bytes"] for r in layers["layers"]] == [
-        sum(p.numel() * 4 for p in m.parameters(recurse=False)) for m in expected]
+        sum(p.numel() * 4 for p in m.parameters(recurse=False)) for m in expected
+    ]
     assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in layers["layers"])
     assert layers["layers"][0]["output_bytes"] == 16 * 6 * 28 * 28 * 4
     assert layers["processes"] == 2 and layers["update_s"] > 0 and torch.get_num_threads() >= 1
 
     run = tmp_path / "run"
-    cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 16,
-                   "steps": 12}, "test")
+    cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 16, "steps": 8}, "test")
     summary = launch(cfg, run, LocalProvider(), timeout_s=300, echo=False)
     with pytest.raises(ValidationInputError, match="no layers.json"):
         validate_runs([run])

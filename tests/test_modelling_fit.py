@@ -13,8 +13,9 @@ from modelling.units import parse_bandwidth
 SIZES = [4096 * 4**i for i in range(7)]
 
 
-def synthetic_comm(alpha: float, beta: float, gamma: float, *, workers: int = 4, servers: int = 1,
-                   noise: float = 0.0, seed: int = 0) -> dict:
+def synthetic_comm(
+    alpha: float, beta: float, gamma: float, *, workers: int = 4, servers: int = 1, noise: float = 0.0, seed: int = 0
+) -> dict:
     """comm.json as the cost model says it should be measured, with relative noise."""
     rnd = random.Random(seed)
     n = workers
@@ -27,8 +28,17 @@ def synthetic_comm(alpha: float, beta: float, gamma: float, *, workers: int = 4,
     for (prim, w, s), f in truth.items():
         for m in SIZES:
             t = f(m) * (1 + rnd.gauss(0, noise))
-            rows.append({"primitive": prim, "workers": w, "servers": s, "bytes": m, "median_s": t,
-                         "spread_s": 0.0, "times_s": [t]})
+            rows.append(
+                {
+                    "primitive": prim,
+                    "workers": w,
+                    "servers": s,
+                    "bytes": m,
+                    "median_s": t,
+                    "spread_s": 0.0,
+                    "times_s": [t],
+                }
+            )
     return {"kind": "ddlbench-comm", "workers": n, "servers": servers, "measurements": rows}
 
 
@@ -102,8 +112,9 @@ def test_unreadable_model_files_name_the_file(tmp_path) -> None:
         load_comm_model(tmp_path / "missing.json")
 
 
-@pytest.mark.parametrize(("text", "expected"), [("10gbit", 1.25e9), ("100 Mbit", 12.5e6),
-                                                ("1.25GB/s", 1.25e9), ("1000", 1000.0)])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("10gbit", 1.25e9), ("100 Mbit", 12.5e6), ("1.25GB/s", 1.25e9), ("1000", 1000.0)]
+)
 def test_bandwidths_read_as_people_write_them(text: str, expected: float) -> None:
     assert parse_bandwidth(text) == pytest.approx(expected)
 

@@ -20,14 +20,35 @@ ALPHA, BETA, GAMMA = 20e-6, 1e-9, 0.25e-9
 CONFIGS = [("ssgd", "allreduce"), ("ssgd", "ps"), ("asgd", "ps"), ("odsgd", "ps")]
 
 
-def layer_table(fwd, bwd, nbytes, *, data=1e-4, update=1e-3, pack=2e-4, unpack=2e-4,
-                server_update=5e-4, server_add=1e-4) -> dict:
-    rows = [{"name": f"l{i}", "type": "Linear", "fwd_s": f, "bwd_s": b, "fwd_spread_s": 0.0,
-             "bwd_spread_s": 0.0, "param_bytes": m, "param_tensor_bytes": [m - m // 4, m // 4],
-             "output_bytes": 0} for i, (f, b, m) in enumerate(zip(fwd, bwd, nbytes, strict=True))]
-    return {"model": "toy", "batch_size": 32, "device": "cpu", "layers": rows, "update_s": update,
-            "data_s": data, "pack_s": pack, "unpack_s": unpack, "server_update_s": server_update,
-            "server_add_s": server_add}
+def layer_table(
+    fwd, bwd, nbytes, *, data=1e-4, update=1e-3, pack=2e-4, unpack=2e-4, server_update=5e-4, server_add=1e-4
+) -> dict:
+    rows = [
+        {
+            "name": f"l{i}",
+            "type": "Linear",
+            "fwd_s": f,
+            "bwd_s": b,
+            "fwd_spread_s": 0.0,
+            "bwd_spread_s": 0.0,
+            "param_bytes": m,
+            "param_tensor_bytes": [m - m // 4, m // 4],
+            "output_bytes": 0,
+        }
+        for i, (f, b, m) in enumerate(zip(fwd, bwd, nbytes, strict=True))
+    ]
+    return {
+        "model": "toy",
+        "batch_size": 32,
+        "device": "cpu",
+        "layers": rows,
+        "update_s": update,
+        "data_s": data,
+        "pack_s": pack,
+        "unpack_s": unpack,
+        "server_update_s": server_update,
+        "server_add_s": server_add,
+    }
 
 
 COMM = fit_comm(synthetic_comm(ALPHA, BETA, GAMMA, workers=2))
@@ -35,15 +56,27 @@ TOY = layer_table([1e-3, 2e-3, 1e-3], [2e-3, 4e-3, 2e-3], [400_000, 4_000_000, 4
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.0, 5e-3), st.floats(0.0, 1e-2), st.integers(4, 8_000_000)),
-                min_size=1, max_size=6),
-       st.sampled_from(CONFIGS), st.sampled_from([1, 2, 3, 8, 40]), st.sampled_from([1, 2]),
-       st.sampled_from([0.0, 1.0, 25.0]), st.booleans())
+@given(
+    st.lists(st.tuples(st.floats(0.0, 5e-3), st.floats(0.0, 1e-2), st.integers(4, 8_000_000)), min_size=1, max_size=6),
+    st.sampled_from(CONFIGS),
+    st.sampled_from([1, 2, 3, 8, 40]),
+    st.sampled_from([1, 2]),
+    st.sampled_from([0.0, 1.0, 25.0]),
+    st.booleans(),
+)
 def test_every_prediction_lies_within_the_bounds(layers, config, workers, servers, bucket_mb, overlap):
     fwd, bwd, nbytes = zip(*layers, strict=True)
     algorithm, comm = config
-    [r] = predict(layer_table(fwd, bwd, nbytes), COMM, algorithm=algorithm, comm_mode=comm,
-                  workers=[workers], servers=servers, bucket_mb=bucket_mb, overlap=overlap)
+    [r] = predict(
+        layer_table(fwd, bwd, nbytes),
+        COMM,
+        algorithm=algorithm,
+        comm_mode=comm,
+        workers=[workers],
+        servers=servers,
+        bucket_mb=bucket_mb,
+        overlap=overlap,
+    )
     t, compute, comm_s = r["iter_time_s"], r["compute_s"], r["comm_s"]
     # To 0.01%: a steady-state period is read over a finite window of iterations.
     assert max(compute, comm_s) * (1 - 1e-4) <= t <= (compute + comm_s) * (1 + 1e-4) + 1e-12
@@ -53,8 +86,9 @@ def test_every_prediction_lies_within_the_bounds(layers, config, workers, server
 
 @pytest.mark.parametrize("fwd", [1e-3, 30e-3])  # communication-bound, then compute-bound
 def test_odsgd_steady_state_is_the_max_of_its_two_pipelines(fwd: float) -> None:
-    table = layer_table([fwd], [2 * fwd], [4_000_000], data=1e-4, update=1e-3, pack=2e-4,
-                        unpack=3e-4, server_update=2e-3)
+    table = layer_table(
+        [fwd], [2 * fwd], [4_000_000], data=1e-4, update=1e-3, pack=2e-4, unpack=3e-4, server_update=2e-3
+    )
     [r] = predict(table, COMM, algorithm="odsgd", comm_mode="ps", workers=[1], servers=1)
     transfer = ALPHA + 4_000_000 * BETA
     compute_and_local_update = 1e-4 + 3 * fwd + 2e-4 + 3e-4 + 1e-3
@@ -71,8 +105,9 @@ def test_odsgd_steady_state_is_the_max_of_its_two_pipelines(fwd: float) -> None:
 def test_workers_on_one_shard_are_limited_by_its_link(algorithm: str) -> None:
     m = 8_000_000
     table = layer_table([1e-5], [1e-5], [m], server_update=0.0, server_add=0.0)
-    times = {n: predict(table, COMM, algorithm=algorithm, comm_mode="ps", workers=[n], servers=1)[0]
-             for n in (4, 8, 16)}
+    times = {
+        n: predict(table, COMM, algorithm=algorithm, comm_mode="ps", workers=[n], servers=1)[0] for n in (4, 8, 16)
+    }
     for n, r in times.items():
         # N pushes and N pulls of M bytes cross the shard's link every iteration.
         assert r["iter_time_s"] >= 2 * n * m * BETA
@@ -91,8 +126,12 @@ def test_overlap_hides_communication_behind_backward() -> None:
 
 
 def test_a_what_if_bandwidth_changes_only_communication() -> None:
-    base, slow = (predict(TOY, COMM, algorithm="ssgd", comm_mode="allreduce", workers=[4],
-                          overlap=False, bandwidth_bytes_per_s=bw)[0] for bw in (1e9, 1e8))
+    base, slow = (
+        predict(
+            TOY, COMM, algorithm="ssgd", comm_mode="allreduce", workers=[4], overlap=False, bandwidth_bytes_per_s=bw
+        )[0]
+        for bw in (1e9, 1e8)
+    )
     assert slow["compute_s"] == base["compute_s"]
     # Ring allreduce moves 2(N-1)/N of the bytes: 10x the byte time costs 10x that part.
     moved = 2 * 3 / 4 * sum(r["param_bytes"] for r in TOY["layers"])
@@ -132,24 +171,71 @@ def test_cli_predict_fit_and_errors(tmp_path) -> None:
     write_layers(TOY, tmp_path)
     (tmp_path / "comm.json").write_text(json.dumps(synthetic_comm(ALPHA, BETA, GAMMA, workers=2)))
     runner = CliRunner()
-    res = runner.invoke(cli, ["fit", "--comm", str(tmp_path / "comm.json"), "--out",
-                              str(tmp_path / "model.json")])
+    res = runner.invoke(cli, ["fit", "--comm", str(tmp_path / "comm.json"), "--out", str(tmp_path / "model.json")])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(cli, ["predict", "--layers", str(tmp_path / "layers.json"), "--comm",
-                              str(tmp_path / "model.json"), "--algorithm", "odsgd", "--workers", "1,2,64",
-                              "--bandwidth", "10gbit", "--json", "--timeline", str(tmp_path / "tl")])
+    res = runner.invoke(
+        cli,
+        [
+            "predict",
+            "--layers",
+            str(tmp_path / "layers.json"),
+            "--comm",
+            str(tmp_path / "model.json"),
+            "--algorithm",
+            "odsgd",
+            "--workers",
+            "1,2,64",
+            "--bandwidth",
+            "10gbit",
+            "--json",
+            "--timeline",
+            str(tmp_path / "tl"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
     assert [r["workers"] for r in rows] == [1, 2, 64] and rows[2]["comm"] == "ps"
     assert (tmp_path / "tl" / "predicted_odsgd_ps_64.png").exists()
-    res = runner.invoke(cli, ["predict", "--layers", str(tmp_path / "layers.json"), "--comm",
-                              str(tmp_path / "model.json"), "--algorithm", "ssgd", "--workers", "1,x"])
+    res = runner.invoke(
+        cli,
+        [
+            "predict",
+            "--layers",
+            str(tmp_path / "layers.json"),
+            "--comm",
+            str(tmp_path / "model.json"),
+            "--algorithm",
+            "ssgd",
+            "--workers",
+            "1,x",
+        ],
+    )
     assert res.exit_code == 2 and "--workers" in res.output
-    res = runner.invoke(cli, ["predict", "--layers", str(tmp_path / "nope.json"), "--comm",
-                              str(tmp_path / "model.json"), "--algorithm", "ssgd"])
+    res = runner.invoke(
+        cli,
+        [
+            "predict",
+            "--layers",
+            str(tmp_path / "nope.json"),
+            "--comm",
+            str(tmp_path / "model.json"),
+            "--algorithm",
+            "ssgd",
+        ],
+    )
     assert res.exit_code == 2 and "nope.json: no such layer table" in res.output
-    res = runner.invoke(cli, ["predict", "--layers", str(tmp_path / "layers.json"), "--comm",
-                              str(tmp_path / "comm.json"), "--algorithm", "ssgd"])
+    res = runner.invoke(
+        cli,
+        [
+            "predict",
+            "--layers",
+            str(tmp_path / "layers.json"),
+            "--comm",
+            str(tmp_path / "comm.json"),
+            "--algorithm",
+            "ssgd",
+        ],
+    )
     assert res.exit_code == 2 and "comm.json: not a ddlbench comm model" in res.output
     res = runner.invoke(cli, ["validate", "--run", str(tmp_path)])
     assert res.exit_code == 2 and "no summary.json" in res.output

@@ -61,14 +61,21 @@ def test_bad_graphs_are_refused() -> None:
 
 
 def _costs(fwd, bwd, nbytes, per_byte=1e-6) -> Costs:
-    return Costs(fwd=list(fwd), bwd=list(bwd), layer_bytes=list(nbytes),
-                 param_tensor_bytes=[[b] for b in nbytes], data_s=0.0, update_s=0.0,
-                 allreduce_s=lambda m: m * per_byte)
+    return Costs(
+        fwd=list(fwd),
+        bwd=list(bwd),
+        layer_bytes=list(nbytes),
+        param_tensor_bytes=[[b] for b in nbytes],
+        data_s=0.0,
+        update_s=0.0,
+        allreduce_s=lambda m: m * per_byte,
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 5.0), st.integers(1, 5_000_000)),
-                min_size=1, max_size=12))
+@given(
+    st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 5.0), st.integers(1, 5_000_000)), min_size=1, max_size=12)
+)
 def test_wfbp_equals_the_closed_form_recurrence(layers) -> None:
     fwd, bwd, nbytes = zip(*layers, strict=True)
     c = _costs(fwd, bwd, nbytes)
@@ -86,8 +93,9 @@ def test_wfbp_equals_the_closed_form_recurrence(layers) -> None:
         after = tau_c[layer + 1] + t_c[layer + 1] if layer + 1 < n else 0.0
         tau_c[layer] = max(after, tau_b[layer] + bwd[layer])
     # Per-layer groups launch in backward order: c0 carries layer L, c1 layer L-1, ...
-    starts = {n - 1 - int(plan.dag.names[i][1:]): s.start[i] for i in range(len(plan.dag))
-              if plan.dag.kinds[i] == "allreduce"}
+    starts = {
+        n - 1 - int(plan.dag.names[i][1:]): s.start[i] for i in range(len(plan.dag)) if plan.dag.kinds[i] == "allreduce"
+    }
     for layer in range(n):
         assert starts[layer] == pytest.approx(tau_c[layer], abs=1e-9)
     assert s.end[plan.iteration_ends["worker0"][0]] == pytest.approx(tau_c[0] + t_c[0], abs=1e-9)
@@ -113,6 +121,5 @@ def test_bucket_assignment_matches_ddp(sizes, cap_mb) -> None:
     ours = ddp_buckets([t.numel() * 4 for t in tensors], cap)
     assert sorted(map(list, torch_buckets)) == sorted(ours)
     first = ddp_buckets([t.numel() * 4 for t in tensors], cap, first_cap_bytes=1024 * 1024)
-    torch_first, _ = dist._compute_bucket_assignment_by_size(
-        tensors, [1024 * 1024, cap], [False] * len(tensors))
+    torch_first, _ = dist._compute_bucket_assignment_by_size(tensors, [1024 * 1024, cap], [False] * len(tensors))
     assert sorted(map(list, torch_first)) == sorted(first)
