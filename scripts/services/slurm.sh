@@ -15,6 +15,8 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 host=$(hostname -s)
+# slurmctld, srun and torchrun's rendezvous all reach this node by its name
+getent hosts "$host" >/dev/null || echo "127.0.0.1 $host" >>/etc/hosts
 conf=/etc/slurm/slurm.conf
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge
 if [ ! -f "$conf" ] || ! grep -q "^# ddlbench single-node" "$conf"; then
