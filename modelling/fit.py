@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +67,16 @@ def fit_line(sizes: list[float], times: list[float]) -> dict[str, Any]:
 
 
 def _grouped(comm: dict[str, Any]) -> dict[tuple[str, int, int], tuple[list[float], list[float]]]:
-    groups: dict[tuple[str, int, int], tuple[list[float], list[float]]] = {}
+    """Per (primitive, workers, servers): sizes ascending and their median times. A size
+    measured more than once (comm.json files merged from several world sizes) counts once."""
+    raw: dict[tuple[str, int, int], dict[float, list[float]]] = {}
     for row in comm["measurements"]:
         key = (row["primitive"], int(row["workers"]), int(row.get("servers", 0)))
-        sizes, times = groups.setdefault(key, ([], []))
-        sizes.append(float(row["bytes"]))
-        times.append(float(row["median_s"]))
-    return groups
+        raw.setdefault(key, {}).setdefault(float(row["bytes"]), []).append(float(row["median_s"]))
+    return {
+        key: (sorted(by_size), [statistics.median(by_size[m]) for m in sorted(by_size)])
+        for key, by_size in raw.items()
+    }
 
 
 def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> dict[str, Any]:

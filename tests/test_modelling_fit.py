@@ -122,3 +122,12 @@ def test_bandwidths_read_as_people_write_them(text: str, expected: float) -> Non
 def test_a_bad_bandwidth_is_refused() -> None:
     with pytest.raises(ValueError, match="bandwidth: cannot read"):
         parse_bandwidth("fast")
+
+
+def test_merged_comm_files_count_each_size_once() -> None:
+    """The pipeline merges the comm.json of several world sizes: p2p repeats in each."""
+    one = synthetic_comm(30e-6, 1e-9, 0.2e-9, noise=0.02, seed=1)
+    merged = {**one, "measurements": one["measurements"] * 2}
+    for a, b in zip(fit_comm(one)["fits"], fit_comm(merged)["fits"], strict=True):
+        assert a["sizes"] == b["sizes"] == SIZES
+        assert a["beta_s_per_byte"] == pytest.approx(b["beta_s_per_byte"])
