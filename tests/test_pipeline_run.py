@@ -1,0 +1,184 @@
+"""`ddlbench run` of the smoke spec end to end against a real SQLite MLflow store, read back
+through MlflowClient; the same run key twice; the regression check against a baseline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "specs" / "smoke.yaml"
+KEY = "smoke-e2e"
+CONFIGS = ["lenet5-ssgd-allreduce-w2-b32-r0", "lenet5-odsgd-ps-w2-b32-r0", "lenet5-asgd-ps-w2-b32-r0"]
+STEPS = ["provision", "microbench", "profile", "fit", "predict", "validate", "report"]
+
+
+def _ddlbench(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The installed `ddlbench` command, with the default tracking store (sqlite in the home)."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["COLUMNS"] = "250"
+    return subprocess.run([str(Path(sys.executable).parent / "ddlbench"), *args, "--home", str(home)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One smoke run shared by the module's tests (default store: sqlite in the home)."""
+    from mlflow import MlflowClient
+
+    home = tmp_path_factory.mktemp("ddlbench-home")
+    proc = _ddlbench("run", str(SMOKE), "--run-key", KEY, home=home)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ddlbench-adhoc")
+    return {"home": home, "run_dir": home / "runs" / KEY, "client": client, "exp": exp.experiment_id,
+            "stdout": proc.stdout}
+
+
+def _runs(p: dict[str, Any], key: str = KEY) -> dict[str, Any]:
+    runs = p["client"].search_runs([p["exp"]], f"tags.`ddlbench.run_key` = '{key}'", max_results=100)
+    by_node: dict[str, Any] = {}
+    for r in runs:
+        node = r.data.tags["ddlbench.node"]
+        assert node not in by_node, f"two MLflow runs for {node}"
+        by_node[node] = r
+    return by_node
+
+
+def test_parent_and_child_runs_finished_and_tagged(pipeline: dict[str, Any]) -> None:
+    runs = _runs(pipeline)
+    assert set(runs) == {"pipeline", *STEPS, *(f"train/{c}" for c in CONFIGS)}
+    parent = runs["pipeline"]
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
+    ctx = json.loads((pipeline["run_dir"] / "ctx.json").read_text())
+    assert parent.info.run_id == ctx["parent_run_id"]
+    tags = parent.data.tags
+    assert tags["ddlbench.hardware"] == "cpu-local"
+    assert tags["ddlbench.spec_hash"] == ctx["spec_hash"]
+    assert len(tags["ddlbench.git_commit"]) == 40
+    assert tags["ddlbench.regression"] == "no-baseline"
+    for node, r in runs.items():
+        if node != "pipeline":
+            assert r.data.tags["mlflow.parentRunId"] == parent.info.run_id, node
+    # the flattened spec as params of the parent
+    assert parent.data.params["spec.workers"] == "[2]"
+    assert parent.data.params["spec.algorithms.1.name"] == "odsgd"
+    assert "run smoke-e2e" in pipeline["stdout"] and "FINISHED" in pipeline["stdout"]
+
+
+def test_training_runs_hold_params_curves_summaries_and_artifacts(pipeline: dict[str, Any]) -> None:
+    client, runs = pipeline["client"], _runs(pipeline)
+    for config in CONFIGS:
+        run = runs[f"train/{config}"]
+        out = pipeline["run_dir"] / "train" / config
+        summary = json.loads((out / "summary.json").read_text())
+        cfg = json.loads((out / "config.json").read_text())
+        params = run.data.params
+        assert (params["algorithm"], params["comm"], params["workers"]) == (
+            cfg["algorithm"], cfg["comm"], str(cfg["workers"]))
+        assert params["lr"] == str(cfg["lr"]) and params["steps"] == "60"
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        loss = {r["step"]: r["loss"] for r in rows if "loss" in r}
+        history = client.get_metric_history(run.info.run_id, "train/loss")
+        assert len(loss) == 60 and {m.step: m.value for m in history} == pytest.approx(loss)
+        acc = client.get_metric_history(run.info.run_id, "eval/accuracy")
+        assert [m.step for m in acc] == [r["step"] for r in rows if "accuracy" in r]
+        assert len(client.get_metric_history(run.info.run_id, "train/throughput_samples_per_s")) == 60
+        m = run.data.metrics
+        assert m["throughput_samples_per_s"] == pytest.approx(summary["throughput_samples_per_s"])
+        assert m["iter_time_p50_s"] == pytest.approx(summary["iter_time_s"]["p50"])
+        assert m["comm_exposed_s"] == pytest.approx(summary["breakdown_s"]["comm_exposed"])
+        assert m["final_accuracy"] == pytest.approx(summary["final_accuracy"])
+        assert any(k.startswith("system/") for k in m), "system metrics sampled while training"
+        arts = {a.path for a in client.list_artifacts(run.info.run_id, "training")}
+        assert {"training/summary.json", "training/trace.json", "training/timeline.jsonl"} <= arts
+
+
+def test_step_runs_hold_model_artifacts_tables_and_plots(pipeline: dict[str, Any]) -> None:
+    client, runs = pipeline["client"], _runs(pipeline)
+
+    def paths(node: str, sub: str | None = None) -> set[str]:
+        return {a.path for a in client.list_artifacts(runs[node].info.run_id, sub)}
+
+    assert "w2/comm.json" in paths("microbench", "w2")
+    assert "lenet5-digits-b32/layers.json" in paths("profile", "lenet5-digits-b32")
+    assert {"model.json", "comm_fits.json"} <= paths("fit")
+    assert runs["fit"].data.metrics["p2p.w2.beta_s_per_byte"] > 0
+    assert {"predictions_table.json", "predicted_throughput.png"} <= paths("predict")
+    assert {"predicted_vs_measured.json", "predicted_vs_measured.png"} <= paths("validate")
+    assert {"throughput_scaling.png", "accuracy_vs_time.png", "iteration_breakdown.png",
+            "predicted_vs_measured.png", "comparison.json", "report.md"} <= paths("report")
+    assert {"spec/spec.yaml", "spec/spec.json"} <= paths("pipeline", "spec")
+    table = client.load_table(pipeline["exp"], "predicted_vs_measured.json",
+                              run_ids=[runs["validate"].info.run_id])
+    assert sorted(table["run"]) == sorted(CONFIGS)
+    validation = json.loads((pipeline["run_dir"] / "validate" / "validation.json").read_text())
+    assert runs["validate"].data.metrics["median_abs_error"] == pytest.approx(validation["median_abs_error"])
+    md = (pipeline["run_dir"] / "report" / "report.md").read_text()
+    for algo in ("ssgd-allreduce", "odsgd-ps", "asgd-ps"):
+        assert algo in md
+    assert "Regression check" in md and "median over repeats" in md
+
+
+def test_same_run_key_again_resumes_without_new_runs(pipeline: dict[str, Any]) -> None:
+    before = {n: r.info.run_id for n, r in _runs(pipeline).items()}
+    proc = _ddlbench("run", str(SMOKE), "--run-key", KEY, home=pipeline["home"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    after = _runs(pipeline)
+    assert {n: r.info.run_id for n, r in after.items()} == before
+    assert {r.info.status for r in after.values()} == {"FINISHED"}
+    history = pipeline["client"].get_metric_history(after[f"train/{CONFIGS[0]}"].info.run_id, "train/loss")
+    assert len(history) == 60
+
+
+def test_regression_check_finds_the_baseline_and_flags_a_drop(
+    pipeline: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second run of the same spec compares against the first (the baseline); slowed copies
+    of the same training runs (every repeat 40% slower) are flagged."""
+    from pipelines import steps
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    home = str(pipeline["home"])
+    first = json.loads((pipeline["run_dir"] / "steps" / "validate.json").read_text())
+    trained = [json.loads((pipeline["run_dir"] / "steps" / "train" / f"{c}.json").read_text())
+               for c in CONFIGS]
+    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-same", home=home)
+    same = steps.report(ctx, trained, first)
+    steps.finish(ctx)
+    assert same["status"] == "passed" and same["baseline_run_key"] == KEY and same["regressions"] == []
+    slow = []
+    for e in trained:
+        copy = tmp_path / e["key"]
+        copy.mkdir()
+        s = json.loads(Path(e["run_dir"], "summary.json").read_text())
+        s["throughput_samples_per_s"] *= 0.6
+        (copy / "summary.json").write_text(json.dumps(s))
+        slow.append({**e, "run_dir": str(copy)})
+    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-slow", home=home)
+    slowed = steps.report(ctx, slow, first)
+    steps.finish(ctx)
+    assert slowed["status"] == "regressed" and slowed["baseline_run_key"] in (KEY, "smoke-e2e-same")
+    assert {r["config"] for r in slowed["regressions"]} == {c.removesuffix("-r0") for c in CONFIGS}
+    assert all(r["change"] == pytest.approx(-0.4) for r in slowed["regressions"])
+    parent = _runs(pipeline, "smoke-e2e-slow")["pipeline"]
+    assert parent.data.tags["ddlbench.regression"] == "regressed"
+
+
+def test_compare_prints_the_runs_found_by_search(pipeline: dict[str, Any]) -> None:
+    proc = _ddlbench("compare", "--suite", "adhoc", "--hardware", "cpu-local", "--since", "2020-01-01",
+                     home=pipeline["home"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for config in CONFIGS:
+        assert config.removesuffix("-r0") in proc.stdout
+    assert KEY in proc.stdout
+    proc = _ddlbench("compare", "--suite", "adhoc", "--since", "2999-01-01", home=pipeline["home"])
+    assert "no runs found" in proc.stdout
