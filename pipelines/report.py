@@ -229,9 +229,10 @@ def _by_algorithm(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     return out
 
 
-def figures(runs: list[dict[str, Any]], validation: dict[str, Any] | None) -> dict[str, Any]:
+def figures(
+    runs: list[dict[str, Any]], table: list[dict[str, Any]], validation: dict[str, Any] | None
+) -> dict[str, Any]:
     """artifact file name -> matplotlib figure."""
-    table = comparison(runs)
     figs: dict[str, Any] = {}
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -261,7 +262,8 @@ def figures(runs: list[dict[str, Any]], validation: dict[str, Any] | None) -> di
         ax2.axhline(target, ls="--", color="gray")
     ax1.set(xlabel="wall-clock (s)", ylabel="training loss", title="Loss against wall-clock time")
     ax2.set(xlabel="wall-clock (s)", ylabel="test accuracy", title="Accuracy against wall-clock time")
-    ax1.legend(fontsize=6)
+    if any(r["loss_curve"] for r in runs):
+        ax1.legend(fontsize=6)
     figs["accuracy_vs_time.png"] = fig
 
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(table) + 2), 4))

@@ -602,7 +602,7 @@ def report(ctx: dict, trained: list[dict], validation: dict) -> dict:
         baseline = rep.find_baseline(t, ctx)
         regressions = rep.regressions(table, val, baseline, spec.regression)
         md = rep.write_report(out, ctx, spec, runs, table, val, baseline, regressions)
-        for name, fig in rep.figures(runs, val).items():
+        for name, fig in rep.figures(runs, table, val).items():
             t.log_figure(node, fig, name)
         t.log_table(node, rep.columns(table), "comparison.json")
         t.log_artifact(node, md)

@@ -96,13 +96,16 @@ class Tracker:
         self._write({"op": "table", "node": node, "data": data, "artifact_file": artifact_file})
 
     def log_figure(self, node: str, fig: Any, artifact_file: str) -> Path:
-        """Save the figure in the run dir (source of truth), then log it."""
+        """Save the figure in the run dir (source of truth), log it, and close it."""
         path = self.run_dir / "figures" / node.replace("/", "_") / Path(artifact_file).name
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110, bbox_inches="tight")
         self._figures[self._rel(path)] = fig
         self._write({"op": "figure", "node": node, "path": self._rel(path), "artifact_file": artifact_file})
         self._figures.pop(self._rel(path), None)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
         return path
 
     @contextmanager
@@ -169,34 +172,35 @@ class Tracker:
             return False
         with self.journal.locked():
             state = self.journal.read_state()
-            try:
-                for offset, entry in self.journal.entries(state["offset"]):
+            for offset, entry in self.journal.entries(state["offset"]):
+                try:
                     self._apply(entry, state)
-                    state["offset"] = offset
-                    self.journal.write_state(state)
-            except Exception as err:  # noqa: BLE001 - any failure of the store means: go on offline
-                if _is_rejection(err):
-                    self._reject(entry, err, state, offset)
-                    return self.flush(force)
-                self._down_until = time.monotonic() + _RETRY_AFTER_S
-                self.last_error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-                log.warning(
-                    "MLflow unavailable (%s); journaling to %s, run `ddlbench sync` later",
-                    self.last_error,
-                    self.journal.path,
-                )
-                return False
+                except Exception as err:  # noqa: BLE001 - the store's failures are all handled alike
+                    if not _is_rejection(err):
+                        self._went_down(err)
+                        return False
+                    self._reject(entry, err)
+                state["offset"] = offset
+                self.journal.write_state(state)
         self._down_until = 0.0
         self.last_error = None
         return True
 
-    def _reject(self, entry: dict[str, Any], err: Exception, state: dict[str, Any], offset: int) -> None:
+    def _went_down(self, err: Exception) -> None:
+        """Stop trying for a while; the journal keeps everything for the next flush or sync."""
+        self._down_until = time.monotonic() + _RETRY_AFTER_S
+        self.last_error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+        log.warning(
+            "MLflow unavailable (%s); journaling to %s, run `ddlbench sync` later",
+            self.last_error,
+            self.journal.path,
+        )
+
+    def _reject(self, entry: dict[str, Any], err: Exception) -> None:
         """MLflow refused this entry's content (not its availability): set it aside, go on."""
         log.warning("MLflow rejected a journal entry (%s); kept in journal.rejected.jsonl", err)
         with open(self.run_dir / "journal.rejected.jsonl", "a") as f:
             f.write(json.dumps({"entry": entry, "error": str(err)[:1000]}, default=str) + "\n")
-        state["offset"] = offset
-        self.journal.write_state(state)
 
     def experiment_id(self) -> str:
         if self._experiment_id is None:
@@ -259,7 +263,9 @@ class Tracker:
         elif op == "artifact":
             c.log_artifact(rid, str(self.run_dir / e["path"]), e["artifact_path"])
         elif op == "table":
-            c.log_table(rid, data=e["data"], artifact_file=e["artifact_file"])
+            # log_table appends to an existing table: a replayed entry must not add rows twice
+            if not self._has_artifact(rid, e["artifact_file"]):
+                c.log_table(rid, data=e["data"], artifact_file=e["artifact_file"])
         elif op == "figure":
             fig = self._figures.get(e["path"])
             if fig is not None:
@@ -269,6 +275,11 @@ class Tracker:
                 c.log_artifact(rid, str(self.run_dir / e["path"]), None if parent == "." else parent)
         else:
             raise ValueError(f"journal: unknown op {op!r}")
+
+    def _has_artifact(self, run_id: str, artifact_file: str) -> bool:
+        parent = str(Path(artifact_file).parent)
+        listed = self.client.list_artifacts(run_id, None if parent == "." else parent)
+        return artifact_file in {a.path for a in listed}
 
 
 def _is_rejection(err: Exception) -> bool:

@@ -27,9 +27,14 @@ def test_entries_resume_from_an_offset_and_skip_a_torn_last_line(tmp_path: Path)
 
 def test_open_nodes_are_the_started_and_not_ended(tmp_path: Path) -> None:
     j = Journal(tmp_path)
-    for e in ({"op": "start_run", "node": "a"}, {"op": "start_run", "node": "b"},
-              {"op": "end_run", "node": "a"}, {"op": "start_run", "node": "c"},
-              {"op": "end_run", "node": "c"}, {"op": "start_run", "node": "c"}):
+    for e in (
+        {"op": "start_run", "node": "a"},
+        {"op": "start_run", "node": "b"},
+        {"op": "end_run", "node": "a"},
+        {"op": "start_run", "node": "c"},
+        {"op": "end_run", "node": "c"},
+        {"op": "start_run", "node": "c"},
+    ):
         j.append(e)
     assert sorted(j.open_nodes()) == ["b", "c"]
 

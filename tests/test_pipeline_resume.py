@@ -54,8 +54,9 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         node = f"train/{entry['key']}"
         client = MlflowClient(tracking_uri=uri)
 
-        died = subprocess.run([sys.executable, "-c", DIE_HALFWAY, json.dumps(ctx)], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+        died = subprocess.run(
+            [sys.executable, "-c", DIE_HALFWAY, json.dumps(ctx)], cwd=REPO, capture_output=True, text=True, timeout=300
+        )
         assert died.returncode == 3, died.stderr[-2000:]
         first_id = json.loads((Path(ctx["run_dir"]) / "journal.state.json").read_text())["runs"][node]
         out["status_after_kill"] = client.get_run(first_id).info.status
@@ -124,11 +125,21 @@ def test_sync_marks_runs_of_dead_processes_failed(scenario: dict[str, Any]) -> N
     from pipelines.journal import Journal
 
     ctx = scenario["ctx"]
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     journal = Journal(Path(ctx["run_dir"]))
-    journal.append({"op": "start_run", "node": "orphan", "parent": "pipeline", "name": "orphan",
-                    "tags": {}, "ts": 1, "owner": {"host": platform.node(), "pid": int(dead.stdout)}})
+    journal.append(
+        {
+            "op": "start_run",
+            "node": "orphan",
+            "parent": "pipeline",
+            "name": "orphan",
+            "tags": {},
+            "ts": 1,
+            "owner": {"host": platform.node(), "pid": int(dead.stdout)},
+        }
+    )
     res = steps.sync(ctx["run_dir"])
     assert res["orphans_failed"] == ["orphan"] and res["pending"] == 0
     orphan = journal.read_state()["runs"]["orphan"]

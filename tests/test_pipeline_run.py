@@ -25,8 +25,14 @@ def _ddlbench(*args: str, home: Path, timeout: float = 600) -> subprocess.Comple
     """The installed `ddlbench` command, with the default tracking store (sqlite in the home)."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["COLUMNS"] = "250"
-    return subprocess.run([str(Path(sys.executable).parent / "ddlbench"), *args, "--home", str(home)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ddlbench"), *args, "--home", str(home)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +45,13 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     exp = client.get_experiment_by_name("ddlbench-adhoc")
-    return {"home": home, "run_dir": home / "runs" / KEY, "client": client, "exp": exp.experiment_id,
-            "stdout": proc.stdout}
+    return {
+        "home": home,
+        "run_dir": home / "runs" / KEY,
+        "client": client,
+        "exp": exp.experiment_id,
+        "stdout": proc.stdout,
+    }
 
 
 def _runs(p: dict[str, Any], key: str = KEY) -> dict[str, Any]:
@@ -83,7 +94,10 @@ def test_training_runs_hold_params_curves_summaries_and_artifacts(pipeline: dict
         cfg = json.loads((out / "config.json").read_text())
         params = run.data.params
         assert (params["algorithm"], params["comm"], params["workers"]) == (
-            cfg["algorithm"], cfg["comm"], str(cfg["workers"]))
+            cfg["algorithm"],
+            cfg["comm"],
+            str(cfg["workers"]),
+        )
         assert params["lr"] == str(cfg["lr"]) and params["steps"] == "60"
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         loss = {r["step"]: r["loss"] for r in rows if "loss" in r}
@@ -102,7 +116,9 @@ def test_training_runs_hold_params_curves_summaries_and_artifacts(pipeline: dict
         assert {"training/summary.json", "training/trace.json", "training/timeline.jsonl"} <= arts
 
 
-def test_step_runs_hold_model_artifacts_tables_and_plots(pipeline: dict[str, Any]) -> None:
+def test_step_runs_hold_model_artifacts_tables_and_plots(
+    pipeline: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     client, runs = pipeline["client"], _runs(pipeline)
 
     def paths(node: str, sub: str | None = None) -> set[str]:
@@ -114,11 +130,18 @@ def test_step_runs_hold_model_artifacts_tables_and_plots(pipeline: dict[str, Any
     assert runs["fit"].data.metrics["p2p.w2.beta_s_per_byte"] > 0
     assert {"predictions_table.json", "predicted_throughput.png"} <= paths("predict")
     assert {"predicted_vs_measured.json", "predicted_vs_measured.png"} <= paths("validate")
-    assert {"throughput_scaling.png", "accuracy_vs_time.png", "iteration_breakdown.png",
-            "predicted_vs_measured.png", "comparison.json", "report.md"} <= paths("report")
+    assert {
+        "throughput_scaling.png",
+        "accuracy_vs_time.png",
+        "iteration_breakdown.png",
+        "predicted_vs_measured.png",
+        "comparison.json",
+        "report.md",
+    } <= paths("report")
     assert {"spec/spec.yaml", "spec/spec.json"} <= paths("pipeline", "spec")
-    table = client.load_table(pipeline["exp"], "predicted_vs_measured.json",
-                              run_ids=[runs["validate"].info.run_id])
+    # load_table searches through the fluent API, which reads the URI from the environment
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{pipeline['home'] / 'mlflow.db'}")
+    table = client.load_table(pipeline["exp"], "predicted_vs_measured.json", run_ids=[runs["validate"].info.run_id])
     assert sorted(table["run"]) == sorted(CONFIGS)
     validation = json.loads((pipeline["run_dir"] / "validate" / "validation.json").read_text())
     assert runs["validate"].data.metrics["median_abs_error"] == pytest.approx(validation["median_abs_error"])
@@ -149,8 +172,7 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     home = str(pipeline["home"])
     first = json.loads((pipeline["run_dir"] / "steps" / "validate.json").read_text())
-    trained = [json.loads((pipeline["run_dir"] / "steps" / "train" / f"{c}.json").read_text())
-               for c in CONFIGS]
+    trained = [json.loads((pipeline["run_dir"] / "steps" / "train" / f"{c}.json").read_text()) for c in CONFIGS]
     ctx = steps.start(str(SMOKE), run_key="smoke-e2e-same", home=home)
     same = steps.report(ctx, trained, first)
     steps.finish(ctx)
@@ -174,8 +196,9 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
 
 
 def test_compare_prints_the_runs_found_by_search(pipeline: dict[str, Any]) -> None:
-    proc = _ddlbench("compare", "--suite", "adhoc", "--hardware", "cpu-local", "--since", "2020-01-01",
-                     home=pipeline["home"])
+    proc = _ddlbench(
+        "compare", "--suite", "adhoc", "--hardware", "cpu-local", "--since", "2020-01-01", home=pipeline["home"]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for config in CONFIGS:
         assert config.removesuffix("-r0") in proc.stdout

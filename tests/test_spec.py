@@ -22,11 +22,9 @@ def _smoke() -> dict:
 def test_shipped_specs_load_and_expand_to_their_grids() -> None:
     smoke = load_spec(SMOKE)
     keys = [e["key"] for e in grid(smoke)]
-    assert keys == ["lenet5-ssgd-allreduce-w2-b32-r0", "lenet5-odsgd-ps-w2-b32-r0",
-                    "lenet5-asgd-ps-w2-b32-r0"]
+    assert keys == ["lenet5-ssgd-allreduce-w2-b32-r0", "lenet5-odsgd-ps-w2-b32-r0", "lenet5-asgd-ps-w2-b32-r0"]
     first = grid(smoke)[0]["config"]
-    assert (first["workers"], first["servers"], first["comm"], first["steps"]) == (2, 0, "allreduce",
-                                                                                    smoke.steps)
+    assert (first["workers"], first["servers"], first["comm"], first["steps"]) == (2, 0, "allreduce", smoke.steps)
     assert grid(smoke)[1]["config"]["servers"] == 1
     nightly = load_spec(NIGHTLY)
     entries = grid(nightly)
@@ -108,10 +106,8 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize(("path", "value", "expected"), MALFORMED,
-                         ids=[f"{p}={v!r}"[:40] for p, v, _ in MALFORMED])
-def test_malformed_spec_is_rejected_naming_field_and_value(path: str, value: object,
-                                                           expected: list[str]) -> None:
+@pytest.mark.parametrize(("path", "value", "expected"), MALFORMED, ids=[f"{p}={v!r}"[:40] for p, v, _ in MALFORMED])
+def test_malformed_spec_is_rejected_naming_field_and_value(path: str, value: object, expected: list[str]) -> None:
     bad = _set(_smoke(), path, value) if "." in path or path in _smoke() else {**_smoke(), path: value}
     with pytest.raises(SpecError) as err:
         validate_spec(bad, "smoke.yaml")
