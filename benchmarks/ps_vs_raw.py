@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from training.ps import PSClient, ServerConfig, ShardLayout, serve
+from training.ps import PSClient, ServerConfig, ShardLayout, ShardServer
 from training.timeline import Timeline
 
 ROUNDS, WARMUP = 20, 3
@@ -59,7 +59,9 @@ def main() -> None:
     else:
         cfg = ServerConfig(shard=0, workers=1, steps=ROUNDS + WARMUP, mode="sync", lr=0.0, momentum=0.0,
                            weight_decay=0.0, lr_async=0.0, timeout_s=60.0)
-        serve(cfg, layout, group, Timeline(rank, "server", time.monotonic()))
+        server = ShardServer(cfg, layout, group, Timeline(rank, "server", time.monotonic()))
+        server.receive_initial()
+        server.run(0, lambda _t: None)
     dist.destroy_process_group()
 
 

@@ -16,9 +16,12 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+import psutil
 
 
 class ProviderError(RuntimeError):
@@ -41,6 +44,7 @@ class Job:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
+    max_restarts: int = 0  # torchrun restarts every rank of a failed job this many times
 
 
 @dataclass
@@ -50,6 +54,7 @@ class JobResult:
     log_path: Path
     failed_ranks: list[dict] = field(default_factory=list)
     timed_out: bool = False
+    causes: list[str] = field(default_factory=list)  # what the failed ranks said they were doing
 
     @property
     def ok(self) -> bool:
@@ -61,17 +66,21 @@ class JobResult:
         if self.failed_ranks:
             parts = [f"rank {f['rank']} exited with {f['exitcode']}" + (f" ({f['signal']})" if f.get("signal") else "")
                      for f in self.failed_ranks]
-            return "; ".join(parts) + f" (log: {self.log_path})"
-        return f"the job exited with status {self.returncode} (log: {self.log_path})"
+            return "; ".join(parts + self.causes) + f" (log: {self.log_path})"
+        return "; ".join([f"the job exited with status {self.returncode}", *self.causes]) + f" (log: {self.log_path})"
 
 
 def failed_ranks_from_log(text: str) -> list[dict]:
-    """torchrun's failure summary names each failed rank and its exit code."""
+    """torchrun's failure summary names each failed rank and its exit code; without
+    it (the job was ended early), its agent's 'failed (exitcode ...)' lines do."""
     marker = text.rfind("Root Cause")
     section = text[marker:] if marker >= 0 else ""
+    found = [(int(m.group(1)), int(m.group(2))) for m in
+             re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\)\s*\n\s*exitcode\s*:\s*(-?\d+)", section)]
+    if not found:
+        found = list(dict.fromkeys((int(m.group(2)), int(m.group(1))) for m in _RANK_FAILED.finditer(text)))
     out = []
-    for m in re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\)\s*\n\s*exitcode\s*:\s*(-?\d+)", section):
-        rank, code = int(m.group(1)), int(m.group(2))
+    for rank, code in found:
         info = {"rank": rank, "exitcode": code}
         if code < 0:
             try:
@@ -83,10 +92,11 @@ def failed_ranks_from_log(text: str) -> list[dict]:
 
 
 def torchrun_argv(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-                  master_addr: str | None = None, master_port: int | None = None) -> list[str]:
+                  master_addr: str | None = None, master_port: int | None = None, *,
+                  max_restarts: int = 0) -> list[str]:
     """The torchrun part of a command line: standalone on one node, static rendezvous otherwise."""
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
-            "--max-restarts=0", "--monitor-interval=0.2"]
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.2"]
     if nnodes == 1 and master_addr is None:
         return argv + ["--standalone", "--nnodes=1"]
     return argv + [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
@@ -109,7 +119,15 @@ def torchrun_shell(nproc_per_node: int, nnodes: int, module: str, args: list[str
     return " ".join(words + [shlex.quote(a) for a in ["-m", module, *args]])
 
 
-def stream_process(proc: subprocess.Popen, log: IO[str], echo: bool) -> threading.Thread:
+# torchrun's agent, when a rank dies: "... failed (exitcode: -9) local_rank: 1 (pid: 123) of binary ..."
+_RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+# The agent's first words when a rank has failed: it is stopping the others.
+_STOPPING = re.compile(r"closing signal SIGTERM")
+_STOP_GRACE_S = 3.0  # how long the agent may take to stop the other ranks and report
+
+
+def stream_process(proc: subprocess.Popen, log: IO[str], echo: bool,
+                   on_line: Callable[[str], None] | None = None) -> threading.Thread:
     """Copy a process's merged output to the log (and our stdout) line by line."""
 
     def pump() -> None:
@@ -120,6 +138,8 @@ def stream_process(proc: subprocess.Popen, log: IO[str], echo: bool) -> threadin
             if echo:
                 sys.stdout.write(line)
                 sys.stdout.flush()
+            if on_line:
+                on_line(line)
 
     t = threading.Thread(target=pump, daemon=True)
     t.start()
@@ -127,28 +147,47 @@ def stream_process(proc: subprocess.Popen, log: IO[str], echo: bool) -> threadin
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM the process group (torchrun forwards it to the ranks), then SIGKILL."""
-    if proc.poll() is not None:
-        return
+    """SIGTERM the launcher's process group (torchrun forwards it to the ranks),
+    then SIGKILL whatever is left of it and of its descendants: torchrun starts
+    ranks in sessions of their own, and a stopped rank never acts on SIGTERM."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    if proc.poll() is None:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(grace_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-        proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in descendants:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
 
 
 def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: Path,
-                  timeout_s: float | None, echo: bool = True) -> JobResult:
-    """Start one process group per argv, wait for all, kill all on the first failure or timeout."""
+                  timeout_s: float | None, echo: bool = True, fail_fast: bool = True) -> JobResult:
+    """Start one process group per argv, wait for all, kill all on the first failure or timeout.
+
+    With `fail_fast`, the first rank failure torchrun reports ends the job at once:
+    torchrun itself waits 30 s for the other ranks to stop (for ever for a stopped one).
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
+    failed_at: list[float] = []
+
+    def watch(line: str) -> None:
+        if fail_fast and not failed_at and (_STOPPING.search(line) or _RANK_FAILED.search(line)):
+            failed_at.append(time.monotonic())
+
     with open(log_path, "w") as log:
         pumps = []
         try:
@@ -156,11 +195,13 @@ def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: 
                 p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
                 procs.append(p)
-                pumps.append(stream_process(p, log, echo))
+                pumps.append(stream_process(p, log, echo, watch))
             timed_out = False
             while any(p.poll() is None for p in procs):
                 if any(p.poll() not in (None, 0) for p in procs):
                     break
+                if failed_at and time.monotonic() - failed_at[0] > _STOP_GRACE_S:
+                    break  # a rank that ignores SIGTERM (a stopped straggler) is killed below
                 if timeout_s is not None and time.monotonic() - start > timeout_s:
                     timed_out = True
                     break

@@ -18,6 +18,8 @@ from pydantic.fields import FieldInfo
 
 from training.config import ConfigError, TrainConfig, load_yaml
 
+EXIT_DIVERGED = 3  # `ddlbench train`'s exit status for a run whose loss became NaN/inf
+
 
 def _unwrap(annotation: Any) -> Any:
     """`X | None` -> X."""
@@ -78,9 +80,15 @@ def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, *
     try:
         summary = launch(cfg, out, get_provider("local", threads_per_process=cfg.threads),
                          timeout_s=timeout, echo=not quiet)
+    except ConfigError as err:
+        raise click.UsageError(str(err)) from None
     except JobFailed as err:
         click.echo(f"ddlbench train: failed: {err}", err=True)
         sys.exit(1)
+    if summary["status"] == "diverged":
+        click.echo(f"ddlbench train: diverged: loss {summary['loss']} at step {summary['step']} "
+                   f"(rank {summary['rank']}); recorded in {out / 'summary.json'}", err=True)
+        sys.exit(EXIT_DIVERGED)
     print_summary(summary, out)
 
 

@@ -52,15 +52,36 @@ def _check_model_builds(cfg: TrainConfig) -> None:
 
 def launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | None = None,
            echo: bool = True) -> dict[str, Any]:
-    """Run the job; return its summary, or raise JobFailed naming the failed ranks."""
+    """Run the job; return its summary, or raise JobFailed naming the failed ranks.
+
+    A rerun in the same directory resumes from its latest complete checkpoint.
+    A run whose loss became NaN/inf returns a summary with status "diverged".
+    """
+    from training.checkpoint import CheckpointStore
+    from training.run import DIVERGED
+
     out.mkdir(parents=True, exist_ok=True)
+    store = CheckpointStore(out, cfg)
+    if done := store.latest():  # a foreign or corrupted checkpoint fails here, before launching
+        try:
+            for rank in range(cfg.world_size):
+                store.load(done, rank)
+        except Exception as err:
+            raise ConfigError(f"checkpoint: {err}") from None
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    for stale in ("summary.json", "timeline.jsonl", "trace.json", "metrics.jsonl"):
-        (out / stale).unlink(missing_ok=True)
+    stale = ["summary.json", "timeline.jsonl", "trace.json", DIVERGED, *(p.name for p in out.glob("failure-rank*"))]
+    for name in stale:
+        (out / name).unlink(missing_ok=True)
     job = Job(module="training.run", args=[str(out.resolve())], world_size=cfg.world_size,
-              log_path=out / "launcher.log", timeout_s=timeout_s)
+              log_path=out / "launcher.log", timeout_s=timeout_s, max_restarts=cfg.max_restarts)
     result = provider.run(job, echo=echo)
     summary_path = out / "summary.json"
+    if (out / DIVERGED).exists():
+        summary = {"status": "diverged", **json.loads((out / DIVERGED).read_text()),
+                   "config": json.loads(cfg.model_dump_json())}
+        summary_path.write_text(json.dumps(summary, indent=2))
+        return summary
     if not result.ok or not summary_path.exists():
+        result.causes = [p.read_text().strip() for p in sorted(out.glob("failure-rank*.txt"))]
         raise JobFailed(result)
     return json.loads(summary_path.read_text())

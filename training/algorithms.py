@@ -39,14 +39,21 @@ class Strategy:
         """When backward's last gradient was accumulated (compute, not comm)."""
         return self.last_grad_time
 
-    def start(self) -> None:
-        """Called once on every worker after all ranks are up."""
+    def start(self, resumed: bool) -> None:
+        """Called once on every worker after all ranks are up (and state is restored)."""
 
     def step(self, t: int) -> None:
         raise NotImplementedError
 
     def finish(self) -> None:
         """Leave the final global model in the parameters."""
+
+    def checkpoint_state(self) -> dict:
+        """The algorithm's state beyond the model's parameters (optimizers, buffers)."""
+        return {}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Restore what `checkpoint_state` returned."""
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -95,6 +102,12 @@ class AllreduceSSGD(Strategy):
             self.opt.step()
             self.zero_grad()
 
+    def checkpoint_state(self) -> dict:
+        return {"opt": self.opt.state_dict()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        self.opt.load_state_dict(state["opt"])
+
 
 class _PSStrategy(Strategy):
     def __init__(self, cfg: TrainConfig, model: nn.Module, timeline: Timeline, group,
@@ -106,8 +119,8 @@ class _PSStrategy(Strategy):
         self.stats = self.client.stats
         self.rank = rank
 
-    def start(self) -> None:
-        if self.rank == 0:
+    def start(self, resumed: bool) -> None:
+        if self.rank == 0 and not resumed:
             self.client.send_initial(self.client.flat_params())
 
 
@@ -197,6 +210,15 @@ class ODSGD(_PSStrategy):
     def finish(self) -> None:
         """The final global model W_g(T)."""
         self.client.load_into_params(self._global_weights())
+
+    def checkpoint_state(self) -> dict:
+        # Waiting for the pull in flight changes nothing but when W_g(t+1) is awaited.
+        return {"local_opt": self.local_opt.state_dict(), "weights_global": self._global_weights().clone()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        self.local_opt.load_state_dict(state["local_opt"])
+        self.weights_global = state["weights_global"]
+        self.pending = None
 
 
 def make_strategy(cfg: TrainConfig, model: nn.Module, timeline: Timeline, rank: int,

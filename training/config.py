@@ -78,6 +78,9 @@ class TrainConfig(BaseModel):
     timeout_s: float = Field(60.0, gt=0, description="Timeout of every blocking collective or point-to-point op.")
     link_bandwidth: str | None = Field(None, description="Known link rate recorded with results (e.g. 1gbit).")
     save_params: bool = Field(False, description="Write the final parameters to params.pt (for checks).")
+    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every K steps (0: never); a rerun resumes.")
+    keep_checkpoints: int = Field(2, ge=1, description="Complete checkpoints kept on disk.")
+    max_restarts: int = Field(0, ge=0, le=100, description="torchrun restarts of a failed job (resumes).")
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -19,6 +19,7 @@ Server modes (DESIGN §2):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -151,66 +152,95 @@ class ServerConfig:
     timeout_s: float
 
 
-def serve(cfg: ServerConfig, layout: ShardLayout, group: dist.ProcessGroup,
-          timeline: Timeline) -> TrafficStats:
-    """Run one shard until every worker has pushed `steps` gradients."""
-    start, end = layout.bounds[cfg.shard]
-    n = end - start
-    timeout = timedelta(seconds=cfg.timeout_s)
-    stats = TrafficStats()
-    w = torch.zeros(n)
-    dist.recv(w, src=0, group=group)  # W_g(0) from worker 0
-    stats.bytes_received += n * 4
-    if cfg.mode == "sync":
-        _serve_sync(cfg, w, group, timeline, timeout, stats)
-    else:
-        _serve_async(cfg, w, group, timeline, stats)
-    return stats
+class ShardServer:
+    """One parameter-server shard: its weights, optimizer state and counters."""
 
+    def __init__(self, cfg: ServerConfig, layout: ShardLayout, group: dist.ProcessGroup,
+                 timeline: Timeline) -> None:
+        self.cfg, self.group, self.timeline = cfg, group, timeline
+        start, end = layout.bounds[cfg.shard]
+        self.timeout = timedelta(seconds=cfg.timeout_s)
+        self.stats = TrafficStats()
+        self.param = torch.nn.Parameter(torch.zeros(end - start))
+        self.opt = torch.optim.SGD([self.param], lr=cfg.lr, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay)
+        self.version = 0  # server updates applied (async)
+        self.seen = [0] * cfg.workers  # the version each worker last received (async)
 
-def _serve_sync(cfg: ServerConfig, w: torch.Tensor, group, timeline: Timeline,
-                timeout: timedelta, stats: TrafficStats) -> None:
-    param = torch.nn.Parameter(w)
-    opt = torch.optim.SGD([param], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    bufs = [torch.empty_like(w) for _ in range(cfg.workers)]
-    for t in range(cfg.steps):
-        timeline.begin(t)
-        with timeline.phase("comm_wait"):
-            _wait_all([dist.irecv(bufs[k], k, group=group) for k in range(cfg.workers)], timeout)
-        with timeline.phase("update"):
-            g = bufs[0]  # summed in place, in rank order: bufs[0] is received anew next step
-            for b in bufs[1:]:
-                g.add_(b)
-            if cfg.workers > 1:
-                g.div_(cfg.workers)
-            param.grad = g
-            opt.step()
-        with timeline.phase("send"):
-            _wait_all([dist.isend(param.data, k, group=group) for k in range(cfg.workers)], timeout)
-        timeline.end()
-        stats.bytes_received += cfg.workers * w.numel() * 4
-        stats.bytes_sent += cfg.workers * w.numel() * 4
+    @property
+    def nbytes(self) -> int:
+        return self.param.numel() * 4
 
+    def receive_initial(self) -> None:
+        """W_g(0) from worker 0."""
+        dist.recv(self.param.data, src=0, group=self.group)
+        self.stats.bytes_received += self.nbytes
 
-def _serve_async(cfg: ServerConfig, w: torch.Tensor, group, timeline: Timeline,
-                 stats: TrafficStats) -> None:
-    buf = torch.empty_like(w)
-    version = 0
-    seen = [0] * cfg.workers  # the version each worker last received
-    for t in range(cfg.workers * cfg.steps):
-        timeline.begin(t)
-        with timeline.phase("comm_wait"):
-            src = dist.recv(buf, group=group)  # any source: applied on arrival
-        with timeline.phase("update"):
-            stats.staleness[version - seen[src]] += 1
-            w.add_(buf, alpha=-cfg.lr_async)
-            version += 1
-        with timeline.phase("send"):
-            dist.send(w, src, group=group)
-            seen[src] = version
-        timeline.end()
-        stats.bytes_received += w.numel() * 4
-        stats.bytes_sent += w.numel() * 4
-    for k in range(cfg.workers):  # the final global model
-        dist.send(w, k, group=group)
-        stats.bytes_sent += w.numel() * 4
+    def state_dict(self) -> dict:
+        return {"w": self.param.detach().clone(), "opt": self.opt.state_dict(), "version": self.version,
+                "seen": list(self.seen), "traffic": self.stats.as_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            self.param.copy_(state["w"])
+        self.opt.load_state_dict(state["opt"])
+        self.version, self.seen = state["version"], list(state["seen"])
+        t = state["traffic"]
+        self.stats = TrafficStats(t["bytes_sent"], t["bytes_received"],
+                                  Counter({int(k): v for k, v in t["staleness"].items()}))
+
+    def run(self, done: int, on_step: Callable[[int], None]) -> None:
+        """Serve steps done..steps-1; `on_step(t)` after each worker step t completes."""
+        if self.cfg.mode == "sync":
+            self._run_sync(done, on_step)
+        else:
+            self._run_async(done, on_step)
+
+    def _run_sync(self, done: int, on_step: Callable[[int], None]) -> None:
+        cfg, tl, group = self.cfg, self.timeline, self.group
+        bufs = [torch.empty_like(self.param.data) for _ in range(cfg.workers)]
+        for t in range(done, cfg.steps):
+            tl.begin(t)
+            with tl.phase("comm_wait"):
+                _wait_all([dist.irecv(bufs[k], k, group=group) for k in range(cfg.workers)], self.timeout)
+            with tl.phase("update"):
+                g = bufs[0]  # summed in place, in rank order: bufs[0] is received anew next step
+                for b in bufs[1:]:
+                    g.add_(b)
+                if cfg.workers > 1:
+                    g.div_(cfg.workers)
+                self.param.grad = g
+                self.opt.step()
+            with tl.phase("send"):
+                _wait_all([dist.isend(self.param.data, k, group=group) for k in range(cfg.workers)],
+                          self.timeout)
+            tl.end()
+            self.stats.bytes_received += cfg.workers * self.nbytes
+            self.stats.bytes_sent += cfg.workers * self.nbytes
+            on_step(t)
+
+    def _run_async(self, done: int, on_step: Callable[[int], None]) -> None:
+        cfg, tl, group = self.cfg, self.timeline, self.group
+        w = self.param.data
+        buf = torch.empty_like(w)
+        for push in range(done * cfg.workers, cfg.steps * cfg.workers):
+            tl.begin(push)
+            with tl.phase("comm_wait"):
+                src = dist.recv(buf, group=group)  # any source: applied on arrival
+            with tl.phase("update"):
+                self.stats.staleness[self.version - self.seen[src]] += 1
+                w.add_(buf, alpha=-cfg.lr_async)
+                self.version += 1
+            with tl.phase("send"):
+                dist.send(w, src, group=group)
+                self.seen[src] = self.version
+            tl.end()
+            self.stats.bytes_received += self.nbytes
+            self.stats.bytes_sent += self.nbytes
+            if (push + 1) % cfg.workers == 0:
+                # Workers step in lockstep only at checkpoints, where all N pushes of
+                # step t are in before any worker passes the checkpoint barrier.
+                on_step((push + 1) // cfg.workers - 1)
+        for k in range(cfg.workers):  # the final global model
+            dist.send(w, k, group=group)
+            self.stats.bytes_sent += self.nbytes

@@ -19,11 +19,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.rendezvous import rendezvous
 
+from training.checkpoint import CheckpointStore
 from training.config import Comm, TrainConfig
-from training.ps import ServerConfig, ShardLayout, serve
+from training.ps import ServerConfig, ShardLayout, ShardServer
 from training.summary import environment, staleness_figures, timing_figures
 from training.timeline import Timeline, to_chrome_trace, write_jsonl
+from training.trainer import Diverged, Trainer, resolve_steps
+
+DIVERGED = "diverged.json"  # written by the rank that saw a NaN/inf loss
+EXIT_DIVERGED = 3
 
 
 def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, torch.device]:
@@ -39,7 +45,11 @@ def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, torch.device]:
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     backend = "cpu:gloo,cuda:nccl" if cfg.device.value == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, timeout=timeout)
+    # torchrun's store outlives a restart: a per-attempt prefix keeps a restarted
+    # job from reading the addresses of the ranks it replaced.
+    store, _, _ = next(rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"ddlbench/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
     # Point-to-point (PS traffic) and control messages always go over gloo.
     ctrl = dist.new_group(backend="gloo", timeout=timeout) if cfg.device.value == "cuda" else dist.group.WORLD
     workers_group = dist.new_group(ranks=list(range(cfg.workers)), timeout=timeout)
@@ -53,8 +63,6 @@ def _barrier(group) -> None:
 def _job_shape(cfg: TrainConfig, rank: int, trainer, group) -> tuple[int, int]:
     """Rank 0 resolves epochs into steps and counts the parameters; every rank,
     servers too, learns both."""
-    from training.trainer import resolve_steps
-
     shape = torch.zeros(2, dtype=torch.long)
     if rank == 0:
         shape[0] = resolve_steps(cfg, len(trainer.train_set))
@@ -65,41 +73,85 @@ def _job_shape(cfg: TrainConfig, rank: int, trainer, group) -> tuple[int, int]:
 
 def run(out: Path) -> int:
     cfg = TrainConfig.model_validate_json((out / "config.json").read_text())
+    if (out / DIVERGED).exists():  # a torchrun restart of a diverged job: diverged again
+        return EXIT_DIVERGED
     rank, ctrl, workers_group, device = _setup(cfg)
     is_worker = rank < cfg.workers
-    trainer = None
-    if is_worker:
-        from training.trainer import Trainer
+    role = "worker" if is_worker else "server"
+    tl = Timeline(rank, role, time.monotonic())
+    store = CheckpointStore(out, cfg)
+    trainer = server = None
+    try:
+        if is_worker:
+            trainer = Trainer(cfg, rank, tl, device, workers_group, ctrl, out)
+        steps, numel = _job_shape(cfg, rank, trainer, ctrl)
+        if not is_worker:
+            sc = ServerConfig(
+                shard=rank - cfg.workers, workers=cfg.workers, steps=steps,
+                mode="async" if cfg.algorithm.value == "asgd" else "sync",
+                lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                lr_async=cfg.effective_lr_async, timeout_s=cfg.timeout_s,
+            )
+            server = ShardServer(sc, ShardLayout.even(numel, cfg.servers), ctrl, tl)
+        done = _agree(store.latest() if rank == 0 else 0, ctrl)
+        clock = 0.0
+        if done:
+            state = store.load(done, rank)
+            if is_worker:
+                clock = trainer.load_checkpoint_state(state)
+            else:
+                server.load_state_dict(state["server"])
+                tl.records, clock = list(state["records"]), state["clock"]
+            print(f"rank {rank}: resumed from the checkpoint after step {done}", flush=True)
+        _barrier(ctrl)
+        tl.epoch = time.monotonic() - clock  # the common clock, continued across a resume
 
-        epoch_probe = Timeline(rank, "worker", time.monotonic())
-        trainer = Trainer(cfg, rank, epoch_probe, device, workers_group, ctrl, out)
-    steps, numel = _job_shape(cfg, rank, trainer, ctrl)
-    _barrier(ctrl)
-    epoch = time.monotonic()  # the common epoch of every rank's timeline
-    result: dict[str, Any] = {"rank": rank}
-    if is_worker:
-        trainer.timeline.epoch = epoch
-        result |= trainer.run(steps)
-        result |= {"role": "worker", "records": trainer.timeline.records,
-                   "traffic": trainer.strategy.stats.as_dict()}
-    else:
-        tl = Timeline(rank, "server", epoch)
-        shard = rank - cfg.workers
-        layout = ShardLayout.even(numel, cfg.servers)
-        sc = ServerConfig(
-            shard=shard, workers=cfg.workers, steps=steps,
-            mode="async" if cfg.algorithm.value == "asgd" else "sync",
-            lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-            lr_async=cfg.effective_lr_async, timeout_s=cfg.timeout_s,
-        )
-        stats = serve(sc, layout, ctrl, tl)
-        result |= {"role": "server", "records": tl.records, "traffic": stats.as_dict()}
-    gathered: list[Any] | None = [None] * cfg.world_size if rank == 0 else None
-    dist.gather_object(result, gathered, dst=0, group=ctrl)
+        def on_step(t: int) -> None:
+            if not (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0 and t + 1 < steps):
+                return
+            tl.current = f"checkpoint after step {t}"
+            if is_worker:
+                state = trainer.checkpoint_state(trainer.loss_value)
+            else:
+                state = {"server": server.state_dict(), "records": tl.records, "clock": tl.now()}
+            store.save(t + 1, rank, state)
+            _barrier(ctrl)
+            if rank == 0:
+                store.mark_complete(t + 1, cfg.keep_checkpoints)
+
+        result: dict[str, Any] = {"rank": rank, "role": role}
+        if is_worker:
+            result |= trainer.run(steps, done, on_step)
+            result["traffic"] = trainer.strategy.stats.as_dict()
+        else:
+            if not done:
+                server.receive_initial()
+            server.run(done, on_step)
+            result["traffic"] = server.stats.as_dict()
+        result["records"] = tl.records
+        gathered: list[Any] | None = [None] * cfg.world_size if rank == 0 else None
+        tl.current = "gathering results"
+        dist.gather_object(result, gathered, dst=0, group=ctrl)
+    except Diverged as err:
+        (out / DIVERGED).write_text(json.dumps({"rank": rank, "step": err.step, "loss": str(err.loss)}))
+        print(f"rank {rank}: diverged: {err}", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
+    except Exception as err:
+        what = f"rank {rank} ({role}) failed during {tl.current}: {type(err).__name__}: {err}"
+        print(what, file=sys.stderr, flush=True)
+        (out / f"failure-rank{rank}.txt").write_text(what + "\n")
+        raise
     if rank == 0:
         _write_outputs(cfg, out, steps, gathered)
     dist.destroy_process_group()
     return 0
+
+
+def _agree(value: int, group) -> int:
+    """Rank 0's value, on every rank."""
+    t = torch.tensor([value], dtype=torch.long)
+    dist.broadcast(t, src=0, group=group)
+    return int(t.item())
 
 
 def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[str, Any]]) -> None:

@@ -32,12 +32,14 @@ class Timeline:
         self.rank, self.role, self.epoch = rank, role, epoch
         self.records: list[dict[str, Any]] = []
         self._current: dict[str, Any] | None = None
+        self.current = "start-up"  # what the rank is doing, for failure messages
 
     def now(self) -> float:
         return time.monotonic() - self.epoch
 
     def begin(self, step: int) -> None:
         self._current = {"rank": self.rank, "role": self.role, "step": step, "start": self.now(), "phases": {}}
+        self.current = f"step {step}"
 
     def mark(self, phase: str, start: float, end: float) -> None:
         assert self._current is not None, "mark() outside an iteration"
@@ -45,6 +47,7 @@ class Timeline:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        self.current = f"{name} of step {self._current['step'] if self._current else '?'}"
         start = self.now()
         yield
         self.mark(name, start, self.now())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,34 +67,62 @@ class Trainer:
         self.sampler = GlobalBatchSampler(len(self.train_set), cfg.workers, cfg.batch_size, cfg.seed)
         self.strategy = make_strategy(cfg, self.net, timeline, rank, workers_group, ps_group)
         self.overlapped = isinstance(self.strategy, AllreduceSSGD) and cfg.overlap and cfg.workers > 1
+        self.eval_time = 0.0
+        self.reached_at: float | None = None
+        self.loss_value = float("nan")
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def run(self, steps: int) -> dict[str, Any]:
+    def checkpoint_state(self, loss: float) -> dict[str, Any]:
+        return {
+            "model": {k: v.detach().cpu() for k, v in self.net.state_dict().items()},
+            "strategy": self.strategy.checkpoint_state(),
+            "rng": torch.get_rng_state(),
+            "records": self.timeline.records,
+            "clock": self.timeline.now(),
+            "eval_time": self.eval_time,
+            "reached_at": self.reached_at,
+            "loss": loss,
+            "traffic": [self.strategy.stats.bytes_sent, self.strategy.stats.bytes_received],
+        }
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> float:
+        """Restore a checkpoint; returns the timeline clock it was taken at."""
+        self.net.load_state_dict(state["model"])
+        self.strategy.load_checkpoint_state(state["strategy"])
+        torch.set_rng_state(state["rng"])
+        self.timeline.records = list(state["records"])
+        self.eval_time, self.reached_at = state["eval_time"], state["reached_at"]
+        self.loss_value = state["loss"]
+        self.strategy.stats.bytes_sent, self.strategy.stats.bytes_received = state["traffic"]
+        return state["clock"]
+
+    def run(self, steps: int, done: int, on_step: Callable[[int], None]) -> dict[str, Any]:
+        """Train steps done..steps-1; `on_step(t)` after each step (checkpoints)."""
         cfg, tl = self.cfg, self.timeline
         model = self.strategy.model
         model.train()
         lead = self.rank == 0
-        metrics = open(self.out / "metrics.jsonl", "w") if lead else None
-        eval_time = 0.0
-        start = tl.now()
-        last_end = start
-        loss_value = float("nan")
-        reached_at: float | None = None
+        metrics = _open_metrics(self.out / "metrics.jsonl", done) if lead else None
+        start = 0.0  # the timeline clock is 0 at the start of training (continued on resume)
+        last_end = tl.now()
         global_batch = cfg.workers * cfg.batch_size
         try:
-            self.strategy.start()
-            for t in range(steps):
+            self.strategy.start(resumed=done > 0)
+            for t in range(done, steps):
                 tl.begin(t)
                 with tl.phase("data"):
                     x, y = self.train_set.batch(self.sampler.indices(t, self.rank))
                     x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 with tl.phase("forward"):
                     loss = F.cross_entropy(logits_of(model(x)), y)
-                    self._sync()
+                    self.loss_value = loss.item()
+                if not math.isfinite(self.loss_value):
+                    raise Diverged(t + 1, self.loss_value)
                 b0 = tl.now()
+                tl.current = f"backward of step {t}"
                 loss.backward()
                 self._sync()
                 b1 = tl.now()
@@ -106,39 +135,36 @@ class Trainer:
                 self.strategy.step(t)
                 self._sync()
                 rec = tl.end()
-                if not lead:
-                    continue
-                loss_value = loss.item()
-                row: dict[str, Any] = {
-                    "step": t + 1,
-                    "loss": loss_value,
-                    "time_s": rec["end"] - start - eval_time,
-                    "throughput_samples_per_s": global_batch / max(rec["end"] - last_end, 1e-9),
-                }
-                last_end = rec["end"]
-                if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < steps:
-                    e0 = tl.now()
-                    row["accuracy"], row["test_loss"] = evaluate(self.net, self.test_set, self.device)
-                    if cfg.target_accuracy and reached_at is None and row["accuracy"] >= cfg.target_accuracy:
-                        reached_at = row["time_s"]
-                    eval_time += tl.now() - e0
-                    last_end = tl.now()
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
+                if lead:
+                    row: dict[str, Any] = {
+                        "step": t + 1,
+                        "loss": self.loss_value,
+                        "time_s": rec["end"] - start - self.eval_time,
+                        "throughput_samples_per_s": global_batch / max(rec["end"] - last_end, 1e-9),
+                    }
+                    last_end = rec["end"]
+                    if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < steps:
+                        e0 = tl.now()
+                        row["accuracy"], row["test_loss"] = evaluate(self.net, self.test_set, self.device)
+                        self._note_accuracy(row["accuracy"], row["time_s"])
+                        self.eval_time += tl.now() - e0
+                        last_end = tl.now()
+                    metrics.write(json.dumps(row) + "\n")
+                    metrics.flush()
+                on_step(t)
             self.strategy.finish()
-            train_time = tl.now() - start - eval_time
+            train_time = tl.now() - start - self.eval_time
             result: dict[str, Any] = {"train_time_s": train_time}
             if lead:
                 acc, test_loss = evaluate(self.net, self.test_set, self.device)
-                if cfg.target_accuracy and reached_at is None and acc >= cfg.target_accuracy:
-                    reached_at = train_time
+                self._note_accuracy(acc, train_time)
                 metrics.write(json.dumps({"step": steps, "accuracy": acc, "test_loss": test_loss,
                                           "time_s": train_time}) + "\n")
                 result |= {
-                    "final_loss": loss_value,
+                    "final_loss": self.loss_value,
                     "final_test_loss": test_loss,
                     "final_accuracy": acc,
-                    "time_to_accuracy_s": reached_at,
+                    "time_to_accuracy_s": self.reached_at,
                     "parameters": sum(p.numel() for p in self.net.parameters()),
                     "parameter_bytes": sum(p.numel() * p.element_size() for p in self.net.parameters()),
                 }
@@ -149,3 +175,34 @@ class Trainer:
         finally:
             if metrics:
                 metrics.close()
+
+    def _note_accuracy(self, accuracy: float, time_s: float) -> None:
+        target = self.cfg.target_accuracy
+        if target and self.reached_at is None and accuracy >= target:
+            self.reached_at = time_s
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN or infinite: the run ends with status "diverged"."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"loss is {loss} at step {step}")
+        self.step, self.loss = step, loss
+
+
+def _open_metrics(path: Path, done: int):
+    """Open metrics.jsonl for appending after `done` steps: rows of steps not
+    covered by the checkpoint being resumed (or all rows, on a fresh start) go."""
+    kept = []
+    if done and path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a row cut short by the crash
+            if row.get("step", 0) <= done:
+                kept.append(line)
+    f = open(path, "w")
+    f.writelines(line + "\n" for line in kept)
+    f.flush()
+    return f

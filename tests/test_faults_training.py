@@ -1,0 +1,158 @@
+"""Faults injected into real training jobs: kill-and-resume, a killed shard,
+a straggler past the timeout, divergence, a corrupted checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from click.testing import CliRunner
+
+from infra.local import LocalProvider
+from pipelines.cli import cli
+from pipelines.launch import JobFailed, launch, prepare
+from tests.test_training_algorithms import ssgd_reference
+from tests.trainjobs import max_diff
+from training.config import ConfigError
+from training.timeline import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+def rank_process(out: Path, rank: int, timeout_s: float = 120) -> psutil.Process:
+    """The process of `rank` of the job writing to `out`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                cmd = p.info["cmdline"] or []
+                if "training.run" in cmd and str(out) in cmd and p.environ().get("RANK") == str(rank):
+                    return p
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never started")
+
+
+def steps_logged(out: Path) -> int:
+    try:
+        return sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line)
+    except FileNotFoundError:
+        return 0
+
+
+def inject(out: Path, rank: int, sig: int, after_steps: int, log: list[float]) -> threading.Thread:
+    """Send `sig` to `rank` once rank 0 has logged `after_steps` steps."""
+
+    def go() -> None:
+        proc = rank_process(out, rank)
+        while steps_logged(out) < after_steps:
+            time.sleep(0.05)
+        log.append(time.monotonic())
+        os.kill(proc.pid, sig)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def no_ranks_left(out: Path) -> bool:
+    return not any("training.run" in (p.info["cmdline"] or []) and str(out) in (p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"]))
+
+
+def test_ssgd_killed_and_resumed_equals_uninterrupted(tmp_path):
+    out = tmp_path.resolve()
+    steps = 24
+    cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 16, "steps": steps,
+                   "checkpoint_every": 4, "max_restarts": 1, "save_params": True})
+    killed: list[float] = []
+    inject(out, 1, signal.SIGKILL, 10, killed)
+    summary = launch(cfg, out, LocalProvider(), timeout_s=300, echo=False)
+    assert killed, "the fault was never injected"
+    assert summary["status"] == "completed" and summary["steps"] == steps
+    log = (out / "launcher.log").read_text()
+    assert "resumed from the checkpoint after step" in log
+    params = torch.load(out / "params.pt", weights_only=True)
+    assert max_diff(params, ssgd_reference(2, 16, steps)) < 1e-5
+    # Every completed step is logged exactly once: none lost, none duplicated.
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    workers = [r for r in read_jsonl(out / "timeline.jsonl") if r["role"] == "worker"]
+    assert sorted((r["rank"], r["step"]) for r in workers) == [(k, t) for k in range(2) for t in range(steps)]
+
+
+@pytest.mark.parametrize("algorithm", ["asgd", "odsgd"])
+def test_ps_algorithms_resume_and_finish(tmp_path, algorithm):
+    out = tmp_path.resolve()
+    cfg = prepare({"model": "lenet5", "dataset": "digits", "algorithm": algorithm, "workers": 2, "servers": 1,
+                   "batch_size": 16, "steps": 20, "checkpoint_every": 4, "max_restarts": 1})
+    killed: list[float] = []
+    inject(out, 2 if algorithm == "asgd" else 0, signal.SIGKILL, 9, killed)  # a shard; a worker
+    summary = launch(cfg, out, LocalProvider(), timeout_s=300, echo=False)
+    assert killed and summary["status"] == "completed"
+    assert "resumed from the checkpoint after step" in (out / "launcher.log").read_text()
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] == list(range(1, 21))
+    if algorithm == "asgd":  # every push of every worker was applied exactly once
+        assert sum(summary["staleness"]["histogram"].values()) == 2 * 20
+
+
+def test_killed_shard_fails_the_job_naming_it(tmp_path):
+    out = tmp_path.resolve()
+    cfg = prepare({"model": "mlp", "dataset": "synthetic", "algorithm": "ssgd", "comm": "ps", "servers": 1,
+                   "workers": 2, "batch_size": 16, "steps": 100_000, "timeout_s": 30})
+    killed: list[float] = []
+    inject(out, 2, signal.SIGKILL, 3, killed)
+    with pytest.raises(JobFailed) as err:
+        launch(cfg, out, LocalProvider(), timeout_s=240, echo=False)
+    assert time.monotonic() - killed[0] < 30
+    assert "rank 2 exited with -9 (SIGKILL)" in str(err.value)
+    assert no_ranks_left(out)
+
+
+def test_straggler_past_the_timeout_ends_the_job(tmp_path):
+    """A stopped worker: its peers' waits time out and name what they were doing."""
+    out = tmp_path.resolve()
+    timeout = 8
+    cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 16,
+                   "steps": 100_000, "timeout_s": timeout, "overlap": False})
+    stopped: list[float] = []
+    inject(out, 1, signal.SIGSTOP, 3, stopped)
+    with pytest.raises(JobFailed) as err:
+        launch(cfg, out, LocalProvider(), timeout_s=240, echo=False)
+    detected = time.monotonic() - stopped[0]
+    assert detected < timeout + 20, detected
+    assert "rank 0 (worker) failed during comm_wait of step" in str(err.value)
+    assert no_ranks_left(out)
+
+
+def test_divergence_is_recorded_not_a_crash(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["train", "--out", str(out), "--workers", "2", "--steps", "50",
+                                      "--lr", "1e6", "--momentum", "0.9", "--quiet"])
+    assert result.exit_code == 3, result.output
+    assert "diverged: loss" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "diverged" and 1 <= summary["step"] <= 50
+
+
+def test_corrupted_or_foreign_checkpoint_is_refused_before_launch(tmp_path):
+    out = tmp_path.resolve()
+    base = {"model": "lenet5", "dataset": "digits", "workers": 1, "batch_size": 16, "steps": 6,
+            "checkpoint_every": 2}
+    launch(prepare(base), out, LocalProvider(), timeout_s=120, echo=False)
+    latest = max(out.glob("checkpoints/step-*/rank0.pt"))
+    # Foreign: a different learning rate changes the trajectory.
+    with pytest.raises(ConfigError, match=r"written by a job with other options"):
+        launch(prepare(base | {"lr": 0.5, "steps": 8}), out, LocalProvider(), echo=False)
+    latest.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match=rf"checkpoint: {latest}: not a readable ddlbench checkpoint"):
+        launch(prepare(base | {"steps": 8}), out, LocalProvider(), echo=False)
+    assert not (out / "launcher.log").read_text().count("resumed")  # nothing was launched since
