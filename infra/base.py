@@ -104,7 +104,8 @@ def torchrun_argv(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
 
 
 def torchrun_shell(nproc_per_node: int, nnodes: int, module: str, args: list[str], node_rank: str,
-                   master_addr: str, master_port: str, python: str = sys.executable) -> str:
+                   master_addr: str, master_port: str, python: str = sys.executable, *,
+                   max_restarts: int = 0) -> str:
     """torchrun as one shell command for a node that learns its rank and master only when it runs.
 
     node_rank, master_addr and master_port are shell words expanded on the node (for example
@@ -113,7 +114,7 @@ def torchrun_shell(nproc_per_node: int, nnodes: int, module: str, args: list[str
     """
     expanded = {"--node-rank": node_rank, "--master-addr": master_addr, "--master-port": master_port}
     words = [shlex.quote(python)]
-    for arg in torchrun_argv(nproc_per_node, nnodes, 0, "-", 0)[1:]:
+    for arg in torchrun_argv(nproc_per_node, nnodes, 0, "-", 0, max_restarts=max_restarts)[1:]:
         key = arg.split("=", 1)[0]
         words.append(f"{key}={expanded[key]}" if key in expanded else shlex.quote(arg))
     return " ".join(words + [shlex.quote(a) for a in ["-m", module, *args]])

@@ -105,7 +105,7 @@ class KubernetesProvider(Provider):
         }
         command = torchrun_shell(job.world_size // self.nodes, self.nodes, job.module, job.args,
                                  '"$JOB_COMPLETION_INDEX"', f"{name}-0.{name}",
-                                 str(self.master_port), self.python)
+                                 str(self.master_port), self.python, max_restarts=job.max_restarts)
         env = {"OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"} | job.env
         resources: dict[str, dict[str, str]] = {}
         if self.cpu:

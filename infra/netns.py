@@ -226,11 +226,12 @@ class NetnsProvider(Provider):
         nodes = self.provision()
         argvs, envs = [], []
         for i in range(self.nodes):
-            torchrun = torchrun_argv(per_node, self.nodes, i, nodes[0].address, self.master_port)
+            torchrun = torchrun_argv(per_node, self.nodes, i, nodes[0].address, self.master_port,
+                                     max_restarts=job.max_restarts)
             argvs.append(["ip", "netns", "exec", self.ns_name(i), *torchrun, "-m", job.module, *job.args])
             ifname = {"GLOO_SOCKET_IFNAME": self.ifname(i), "NCCL_SOCKET_IFNAME": self.ifname(i)}
             envs.append(base_env(self.threads) | job.env | ifname)
-        return run_processes(argvs, envs, job.log_path, job.timeout_s, echo)
+        return run_processes(argvs, envs, job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0)
 
     def teardown(self) -> None:
         _remove_cluster(self.tag, [self.ns_name(i) for i in range(self.nodes)])

@@ -121,7 +121,7 @@ class SlurmProvider(Provider):
             directives.append(f"--cpus-per-task={self.cpus_per_node}")
         torchrun = torchrun_shell(job.world_size // self.nodes, self.nodes, job.module, job.args,
                                   '"$SLURM_NODEID"', '"$DDLBENCH_MASTER_ADDR"',
-                                  '"$DDLBENCH_MASTER_PORT"', self.python)
+                                  '"$DDLBENCH_MASTER_PORT"', self.python, max_restarts=job.max_restarts)
         srun = "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c"
         lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives),
                  "# Rendezvous on the allocation's first node; one port per job id.",
