@@ -46,8 +46,9 @@ FORM = {
         2, type="integer", minimum=1, maximum=64, title="Devices per node",
         description="Accelerators (or CPU ranks) per node."),
     "bandwidth_gbps": Param(
-        1.0, type="number", exclusiveMinimum=0, title="Network bandwidth (Gbit/s)",
-        description="Link rate between nodes, recorded and used as a bound of the comm fit."),
+        100.0, type="number", exclusiveMinimum=0, title="Network bandwidth (Gbit/s)",
+        description="Link rate between nodes (on one host: above its loopback rate), recorded "
+                    "and a physical bound of the comm fit: a faster fit is flagged."),
     "models": Param(
         ["lenet5"], type="array", minItems=1, items={"type": "string", "minLength": 1},
         title="Models"),

@@ -44,15 +44,18 @@ run_dir=$runs/$run_dir
 status=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' \
          "$run_dir/status.json" 2>/dev/null || echo UNKNOWN)
 echo "== run $(basename "$run_dir"): $status  (run directory: $run_dir)"
+experiment=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["experiment"])' \
+             "$run_dir/ctx.json" 2>/dev/null || echo ddlbench-adhoc)
 if [ -f "$run_dir/report/report.md" ]; then
-  echo
-  cat "$run_dir/report/report.md"
-  echo
+  echo "== Comparison (report: $run_dir/report/report.md)"
+  .venv/bin/ddlbench compare --suite "${experiment#ddlbench-}" --home "$DDLBENCH_HOME" || cat "$run_dir/report/report.md"
 fi
 cat <<MSG
-== Compare the runs in the MLflow UI (experiment ddlbench-nightly):
+
+== Open the MLflow UI to compare runs side by side (experiment $experiment):
    $repo/.venv/bin/mlflow ui --backend-store-uri sqlite:///$DDLBENCH_HOME/mlflow.db --host 127.0.0.1 --port 5000
-   then open http://127.0.0.1:5000
+   then browse http://127.0.0.1:5000
+   The scheduler itself, with this home: bash infra/deploy/airflow/standalone.sh
 MSG
 if [ "$status" != FINISHED ]; then
   grep -E "ERROR|Error|Traceback" "$log" | tail -20 || true

@@ -241,6 +241,7 @@ def _smoke_keys() -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_nightly_runs_end_to_end_in_airflow(nightly: dict[str, Any]) -> None:
     assert str(nightly["dag_run"].state) == "success"
     failed = [t for t in nightly["tis"] if t["state"] != "success"]
@@ -304,6 +305,7 @@ def _training_processes(marker: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_training_task_killed_by_airflow_timeout_leaves_nothing_behind(airflow_home: Path,
                                                                         tmp_path: Path) -> None:
     """An execution_timeout kill stops torchrun and every rank, and fails the training's MLflow run."""
@@ -354,3 +356,35 @@ def test_training_task_killed_by_airflow_timeout_leaves_nothing_behind(airflow_h
     assert trained.info.status == "FAILED"
     assert all(r.info.status != "RUNNING" for r in runs)
     assert {r.info.run_id: r.info.status for r in runs}[ctx["parent_run_id"]] == "FAILED"
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_training_task_kills_its_process_group(airflow_home: Path, tmp_path: Path) -> None:
+    """Airflow stops a task (UI kill, supervisor) with SIGTERM: the job's own session goes too."""
+    import signal
+    import time
+
+    marker = str(tmp_path / "job")
+    task = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from dags._common import sigterm_stops_training\n"
+        "from infra.base import run_processes\n"
+        "with sigterm_stops_training():\n"
+        "    run_processes([[sys.executable, '-c', 'import time; time.sleep(300)', sys.argv[1]]],\n"
+        "                  [dict(os.environ)], Path(sys.argv[1] + '.log'), timeout_s=None, echo=False)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", task, marker], stderr=subprocess.PIPE, text=True)
+
+    def job() -> list[int]:
+        return [pid for pid in _training_processes(marker) if pid != proc.pid]
+
+    deadline = time.monotonic() + 120
+    while not job() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job(), "the job never started"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "AirflowTaskTerminated: received signal SIGTERM; stopping the training job" in err
+    assert job() == []

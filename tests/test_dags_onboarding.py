@@ -25,7 +25,7 @@ PG = {"host": os.environ.get("DDLBENCH_PG_HOST", "127.0.0.1"),
       "user": os.environ.get("DDLBENCH_PG_ROLE", "ddlbench"),
       "password": os.environ.get("DDLBENCH_PG_PASSWORD", "ddlbench")}
 FORM = {"hardware_label": "cpu-onboard-test", "provider": "local", "nodes": 1, "devices_per_node": 2,
-        "bandwidth_gbps": 10, "models": ["lenet5"], "dataset": "digits", "algorithms": ["odsgd"],
+        "bandwidth_gbps": 100, "models": ["lenet5"], "dataset": "digits", "algorithms": ["odsgd"],
         "world_sizes": [2], "base_spec": str(REPO / "specs" / "smoke.yaml")}
 
 
@@ -99,14 +99,15 @@ def _airflow_states(airflow_db: str) -> tuple[list[str], dict[str, str]]:
         with engine.connect() as conn:
             runs = [r[0] for r in conn.execute(text(
                 "SELECT state FROM dag_run WHERE dag_id = 'ddlbench_hardware_onboarding'"))]
-            tis = dict(conn.execute(text(
-                "SELECT task_id, state FROM task_instance WHERE dag_id = 'ddlbench_hardware_onboarding'")))
+            tis = {r[0]: r[1] for r in conn.execute(text(
+                "SELECT task_id, state FROM task_instance WHERE dag_id = 'ddlbench_hardware_onboarding'"))}
     finally:
         engine.dispose()
     return runs, tis
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_onboarding_runs_end_to_end(onboarding: dict[str, Any]) -> None:
     from mlflow import MlflowClient
 
@@ -144,6 +145,7 @@ def test_onboarding_runs_end_to_end(onboarding: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_onboarding_ran_with_both_stores_on_postgresql(onboarding: dict[str, Any]) -> None:
     if onboarding["backend"] != "postgresql":
         pytest.skip("no PostgreSQL on 127.0.0.1:5432 (CI starts one: scripts/services/postgres.sh)")
@@ -154,7 +156,7 @@ def test_onboarding_ran_with_both_stores_on_postgresql(onboarding: dict[str, Any
     engine = create_engine(onboarding["ctx"]["tracking_uri"])
     try:
         with engine.connect() as conn:
-            statuses = dict(conn.execute(text("SELECT run_uuid, status FROM runs")))
+            statuses = {r[0]: r[1] for r in conn.execute(text("SELECT run_uuid, status FROM runs"))}
     finally:
         engine.dispose()
     assert statuses[onboarding["ctx"]["parent_run_id"]] == "FINISHED"
