@@ -133,9 +133,15 @@ def stream_process(proc: subprocess.Popen, log: IO[str], echo: bool,
 
     def pump() -> None:
         assert proc.stdout is not None
+        log_ok = True
         for line in proc.stdout:
-            log.write(line)
-            log.flush()
+            if log_ok:
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError as err:  # a full disk: keep draining, or the job blocks on its pipe
+                    log_ok = False
+                    sys.stderr.write(f"ddlbench: cannot write {log.name}: {err.strerror}\n")
             if echo:
                 sys.stdout.write(line)
                 sys.stdout.flush()

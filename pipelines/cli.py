@@ -69,7 +69,7 @@ def cli() -> None:
 
 def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, **options: Any) -> None:
     from infra import get_provider
-    from pipelines.launch import JobFailed, launch, prepare
+    from pipelines.launch import JobFailed, OutputError, launch, prepare
     from pipelines.report_console import print_summary
 
     try:
@@ -82,7 +82,7 @@ def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, *
                          timeout_s=timeout, echo=not quiet)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
-    except JobFailed as err:
+    except (JobFailed, OutputError) as err:
         click.echo(f"ddlbench train: failed: {err}", err=True)
         sys.exit(1)
     if summary["status"] == "diverged":

@@ -14,6 +14,10 @@ from infra import Job, JobResult, Provider
 from training.config import ConfigError, TrainConfig, build_config
 
 
+class OutputError(RuntimeError):
+    """The output directory cannot be written (full disk, permissions)."""
+
+
 class JobFailed(RuntimeError):
     def __init__(self, result: JobResult) -> None:
         super().__init__(result.describe_failure())
@@ -57,6 +61,14 @@ def launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | N
     A rerun in the same directory resumes from its latest complete checkpoint.
     A run whose loss became NaN/inf returns a summary with status "diverged".
     """
+    try:
+        return _launch(cfg, out, provider, timeout_s, echo)
+    except OSError as err:
+        raise OutputError(f"output directory {out}: {err.strerror} ({err.filename or 'a run file'}); "
+                          "what was written before is kept") from None
+
+
+def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | None, echo: bool) -> dict[str, Any]:
     from training.checkpoint import CheckpointStore
     from training.run import DIVERGED
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from tests.trainjobs import max_diff
 from training.config import ConfigError
 from training.timeline import read_jsonl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
 def rank_process(out: Path, rank: int, timeout_s: float = 120) -> psutil.Process:
@@ -156,3 +157,23 @@ def test_corrupted_or_foreign_checkpoint_is_refused_before_launch(tmp_path):
     with pytest.raises(ConfigError, match=rf"checkpoint: {latest}: not a readable ddlbench checkpoint"):
         launch(prepare(base | {"steps": 8}), out, LocalProvider(), echo=False)
     assert not (out / "launcher.log").read_text().count("resumed")  # nothing was launched since
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_output_disk_fails_cleanly_and_keeps_what_was_written(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mnt)], check=True)
+    try:
+        out = mnt / "run"
+        # mlp checkpoints are ~20 MB: the first one fills the disk after 4 logged steps.
+        result = CliRunner().invoke(cli, ["train", "--out", str(out), "--model", "mlp", "--dataset", "synthetic",
+                                          "--workers", "1", "--steps", "20", "--checkpoint-every", "4", "--quiet"])
+        assert result.exit_code == 1, result.output
+        assert f"output directory {out}: No space left on device" in result.output
+        rows = read_jsonl(out / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2, 3, 4]
+        assert not any(out.glob("checkpoints/step-*/COMPLETE"))  # no half-written checkpoint is trusted
+        assert no_ranks_left(out)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
