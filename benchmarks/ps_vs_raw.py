@@ -53,15 +53,23 @@ def main() -> None:
                 start = time.monotonic()
             client.gather_grads()
             client.wait(client.start_push_pull())
-        ps = 2 * nbytes * ROUNDS / (time.monotonic() - start)
+        elapsed = time.monotonic() - start
+        update = torch.zeros(1, dtype=torch.float64)
+        dist.recv(update, 1)  # the server's time in aggregate + update, measured rounds only
+        ps = 2 * nbytes * ROUNDS / elapsed
+        ps_comm = 2 * nbytes * ROUNDS / (elapsed - update.item())
         with open(out, "w") as f:
-            json.dump({"raw_bytes_per_s": raw, "ps_bytes_per_s": ps, "bytes": nbytes}, f)
+            json.dump({"raw_bytes_per_s": raw, "ps_bytes_per_s": ps, "ps_comm_bytes_per_s": ps_comm,
+                       "server_update_s": update.item() / ROUNDS, "bytes": nbytes}, f)
     else:
         cfg = ServerConfig(shard=0, workers=1, steps=ROUNDS + WARMUP, mode="sync", lr=0.0, momentum=0.0,
                            weight_decay=0.0, lr_async=0.0, timeout_s=60.0)
-        server = ShardServer(cfg, layout, group, Timeline(rank, "server", time.monotonic()))
+        tl = Timeline(rank, "server", time.monotonic())
+        server = ShardServer(cfg, layout, group, tl)
         server.receive_initial()
         server.run(0, lambda _t: None)
+        spans = [r["phases"]["update"] for r in tl.records[WARMUP:]]
+        dist.send(torch.tensor([sum(b - a for a, b in spans)], dtype=torch.float64), 0)
     dist.destroy_process_group()
 
 
