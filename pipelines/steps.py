@@ -14,6 +14,8 @@ import os
 import re
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,19 +27,19 @@ from pipelines.tracking import PARENT, Tracker, tracker_for
 REPO = Path(__file__).resolve().parent.parent
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
-# Summary figures logged as MLflow metrics: summary.json key -> metric name (units in names).
-_SUMMARY_METRICS = {
-    "throughput_samples_per_s": "throughput_samples_per_s",
-    "train_time_s": "train_time_s",
-    "final_loss": "final_loss",
-    "final_test_loss": "final_test_loss",
-    "final_accuracy": "final_accuracy",
-    "time_to_accuracy_s": "time_to_accuracy_s",
-    "parameters": "parameters",
-    "parameter_bytes": "parameter_bytes",
-    "bytes_sent": "bytes_sent",
-    "bytes_received": "bytes_received",
-}
+# Summary figures logged as MLflow metrics under the same names (units in the names).
+_SUMMARY_METRICS = (
+    "throughput_samples_per_s",
+    "train_time_s",
+    "final_loss",
+    "final_test_loss",
+    "final_accuracy",
+    "time_to_accuracy_s",
+    "parameters",
+    "parameter_bytes",
+    "bytes_sent",
+    "bytes_received",
+)
 _TRAIN_ARTIFACTS = ("config.json", "summary.json", "metrics.jsonl", "timeline.jsonl", "trace.json", "launcher.log")
 
 
@@ -448,7 +450,7 @@ def _metric_rows(metrics_path: Path, t0_ms: int) -> list[dict[str, Any]]:
 
 def summary_metrics(summary: dict[str, Any]) -> dict[str, float | None]:
     """The figures of summary.json as flat metric names with units."""
-    out: dict[str, float | None] = {name: summary.get(k) for k, name in _SUMMARY_METRICS.items()}
+    out: dict[str, float | None] = {k: summary.get(k) for k in _SUMMARY_METRICS}
     for q, v in (summary.get("iter_time_s") or {}).items():
         out[f"iter_time_{q}_s"] = v
     for phase, v in (summary.get("breakdown_s") or {}).items():
@@ -473,14 +475,18 @@ def train(ctx: dict, entry: dict) -> dict:
     }
 
     def body(t: Tracker, node: str) -> dict:
-        from pipelines.launch import prepare
+        from pipelines.launch import JobFailed, prepare
 
         spec = load_ctx_spec(ctx)
         cfg = prepare(entry["config"], source=f"train[{key}]")
         t.log_params(node, flatten(cfg.model_dump(mode="json")))
         t0 = now_ms()
-        with _system_metrics(t, node, spec):
-            summary = _launch(spec, cfg, out)
+        try:
+            with _system_metrics(t, node, spec):
+                summary = _launch(spec, cfg, out)
+        except JobFailed:
+            t.log_artifact(node, out / "launcher.log", "training")  # why it failed, next to the run
+            raise
         t.log_metric_rows(node, _metric_rows(out / "metrics.jsonl", t0))
         t.log_metrics(node, summary_metrics(summary), step=summary.get("steps") or 0)
         for name in _TRAIN_ARTIFACTS:
@@ -501,30 +507,25 @@ def _launch(spec: BenchSpec, cfg: Any, out: Path) -> dict[str, Any]:
         return launch(cfg, out, p, timeout_s=spec.train_timeout_s, echo=False)
 
 
-class _system_metrics:  # noqa: N801 - used as a context manager, reads like one
+@contextmanager
+def _system_metrics(t: Tracker, node: str, spec: BenchSpec) -> Iterator[None]:
     """CPU/memory/network sampled into the run while it trains, when MLflow is reachable.
 
     Sampled live, not journaled: when MLflow is down there is nothing to replay.
     """
+    run_id = t.run_id(node)
+    if not (spec.tracking.system_metrics and t.online and run_id):
+        yield
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    def __init__(self, t: Tracker, node: str, spec: BenchSpec) -> None:
-        self.monitor = None
-        run_id = t.run_id(node)
-        if spec.tracking.system_metrics and t.online and run_id:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            self.monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=t.tracking_uri)
-
-    def __enter__(self) -> None:
-        if self.monitor is not None:
-            self.monitor.start()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.monitor is not None:
-            try:
-                self.monitor.finish()
-            except Exception:  # noqa: BLE001 - samples are a nicety; never fail a run on them
-                pass
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=t.tracking_uri)
+    monitor.start()
+    try:
+        yield
+    finally:
+        with suppress(Exception):  # samples are a nicety; never fail a run on them
+            monitor.finish()
 
 
 def _trained_dirs(trained: list[dict]) -> list[dict]:
