@@ -144,3 +144,24 @@ def test_sync_marks_runs_of_dead_processes_failed(scenario: dict[str, Any]) -> N
     assert res["orphans_failed"] == ["orphan"] and res["pending"] == 0
     orphan = journal.read_state()["runs"]["orphan"]
     assert scenario["client"].get_run(orphan).info.status == "FAILED"
+
+
+def test_content_mlflow_refuses_is_set_aside_and_the_rest_uploaded(scenario: dict[str, Any]) -> None:
+    """A param whose value changed is refused by MLflow (not a store outage): the entry goes to
+    journal.rejected.jsonl and the entries after it still reach MLflow."""
+    from pipelines import steps
+    from pipelines.journal import Journal
+
+    ctx = scenario["ctx"]
+    journal = Journal(Path(ctx["run_dir"]))
+    journal.append({"op": "params", "node": "pipeline", "params": {"spec.repeats": "7"}})
+    journal.append(
+        {"op": "metrics", "node": "pipeline", "metrics": [{"key": "after_refusal", "value": 1.5, "step": 0, "ts": 2}]}
+    )
+    res = steps.sync(ctx["run_dir"])
+    assert res["pending"] == 0 and res["error"] is None
+    rejected = [json.loads(line) for line in (Path(ctx["run_dir"]) / "journal.rejected.jsonl").open()]
+    assert [r["entry"]["params"] for r in rejected] == [{"spec.repeats": "7"}]
+    parent = scenario["client"].get_run(journal.read_state()["runs"]["pipeline"])
+    assert parent.data.params["spec.repeats"] == "1"
+    assert parent.data.metrics["after_refusal"] == 1.5
