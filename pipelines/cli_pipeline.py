@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -221,10 +220,36 @@ def _day(value: str | None) -> int | None:
         raise click.BadParameter(f"expected a date such as 2026-11-29, got {value!r}") from None
 
 
-def compare_rows(
+def _as_run(child: Any) -> dict[str, Any]:
+    """A training child run of MLflow in the shape report.comparison takes."""
+    from pipelines.report import PHASES
+
+    t, m = child.data.tags, child.data.metrics
+    algo = f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
+    workers, batch = int(t.get("ddlbench.workers", 0)), int(t.get("ddlbench.batch_size", 0))
+    summary = {
+        k: m.get(k) for k in ("throughput_samples_per_s", "final_accuracy", "time_to_accuracy_s", "train_time_s")
+    }
+    summary |= {"iter_time_s": {"p50": m.get("iter_time_p50_s")}, "breakdown_s": {p: m.get(f"{p}_s") for p in PHASES}}
+    return {
+        "key": t.get("ddlbench.config_key"),
+        "algorithm": algo,
+        "model": t.get("ddlbench.model"),
+        "dataset": t.get("ddlbench.dataset"),
+        "workers": workers,
+        "batch_size": batch,
+        "config": f"{t.get('ddlbench.model')}-{algo}-w{workers}-b{batch}",
+        "summary": summary,
+    }
+
+
+def compare_runs(
     client: Any, experiment_id: str, hardware: str | None, since_ms: int | None, until_ms: int | None
 ) -> list[dict[str, Any]]:
-    """Per pipeline run and config: median throughput and accuracy over repeats (MLflow search)."""
+    """Pipeline runs found with MLflow search, newest first, each with the report's comparison
+    table (medians over repeats, scaling efficiency) and best algorithm per config."""
+    from pipelines.report import best_per_config, comparison
+
     filters = ["tags.`ddlbench.node` = 'pipeline'"]
     if hardware:
         filters.append(f"tags.`ddlbench.hardware` = '{hardware}'")
@@ -235,7 +260,7 @@ def compare_rows(
     parents = client.search_runs(
         [experiment_id], " AND ".join(filters), order_by=["attributes.start_time DESC"], max_results=200
     )
-    rows = []
+    found = []
     for p in parents:
         key = p.data.tags.get("ddlbench.run_key")
         children = client.search_runs(
@@ -243,38 +268,20 @@ def compare_rows(
             f"tags.`ddlbench.run_key` = '{key}' AND tags.`ddlbench.step` = 'train' AND attributes.status = 'FINISHED'",
             max_results=5000,
         )
-        by: dict[str, list[Any]] = {}
-        for c in children:
-            t = c.data.tags
-            config = (
-                f"{t.get('ddlbench.model')}-{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
-                f"-w{t.get('ddlbench.workers')}-b{t.get('ddlbench.batch_size')}"
-            )
-            by.setdefault(config, []).append(c)
-        for config, cs in sorted(by.items()):
-
-            def med(name: str, cs: list[Any] = cs) -> float | None:
-                vals = [c.data.metrics[name] for c in cs if name in c.data.metrics]
-                return statistics.median(vals) if vals else None
-
-            t = cs[0].data.tags
-            rows.append(
-                {
-                    "run_key": key,
-                    "date": datetime.fromtimestamp(p.info.start_time / 1000, UTC),
-                    "hardware": p.data.tags.get("ddlbench.hardware"),
-                    "status": p.info.status,
-                    "config": config,
-                    "group": f"{t.get('ddlbench.model')}-w{t.get('ddlbench.workers')}-b{t.get('ddlbench.batch_size')}",
-                    "algorithm": f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}",
-                    "repeats": len(cs),
-                    "throughput_samples_per_s": med("throughput_samples_per_s"),
-                    "final_accuracy": med("final_accuracy"),
-                    "time_to_accuracy_s": med("time_to_accuracy_s"),
-                    "regression": p.data.tags.get("ddlbench.regression", "-"),
-                }
-            )
-    return rows
+        runs = [_as_run(c) for c in children if c.data.metrics.get("throughput_samples_per_s")]
+        table = comparison(runs)
+        found.append(
+            {
+                "run_key": key,
+                "date": datetime.fromtimestamp(p.info.start_time / 1000, UTC),
+                "hardware": p.data.tags.get("ddlbench.hardware"),
+                "status": p.info.status,
+                "regression": p.data.tags.get("ddlbench.regression", "-"),
+                "table": table,
+                "best": best_per_config(table),
+            }
+        )
+    return found
 
 
 def _compare(
@@ -292,46 +299,44 @@ def _compare(
     exp = client.get_experiment_by_name(f"ddlbench-{suite}")
     if exp is None:
         raise click.UsageError(f"--suite: no experiment ddlbench-{suite} in {uri}")
-    rows = compare_rows(client, exp.experiment_id, hardware, _day(since), _day(until))
+    found = compare_runs(client, exp.experiment_id, hardware, _day(since), _day(until))
     console = Console()
-    if not rows:
+    if not found:
         console.print("no runs found")
         return
-    t = Table(title=f"ddlbench-{suite}" + (f" on {hardware}" if hardware else ""))
+    t = Table(title=f"ddlbench-{suite}" + (f" on {hardware}" if hardware else "") + "  (* fastest per config)")
     for col in (
         "run",
         "date",
         "hardware",
+        "status",
+        "regression",
         "config",
         "repeats",
         "throughput_samples_per_s",
+        "scaling_eff",
         "final_accuracy",
         "time_to_accuracy_s",
-        "regression",
         "best",
     ):
         t.add_column(col)
-    best: dict[tuple[str, str], str] = {}
-    for r in rows:
-        group = (r["run_key"], r["group"])
-        current = next(
-            (o for o in rows if (o["run_key"], o["group"]) == group and o["algorithm"] == best.get(group)), None
-        )
-        if current is None or (r["throughput_samples_per_s"] or 0) > (current["throughput_samples_per_s"] or 0):
-            best[group] = r["algorithm"]
-    for r in rows:
-        t.add_row(
-            r["run_key"],
-            f"{r['date']:%Y-%m-%d %H:%M}",
-            r["hardware"],
-            r["config"],
-            str(r["repeats"]),
-            _fmt(r["throughput_samples_per_s"]),
-            _fmt(r["final_accuracy"]),
-            _fmt(r["time_to_accuracy_s"]),
-            r["regression"],
-            "*" if best[(r["run_key"], r["group"])] == r["algorithm"] else "",
-        )
+    for run in found:
+        for row in run["table"]:
+            group = f"{row['model']}-w{row['workers']}-b{row['batch_size']}"
+            t.add_row(
+                run["run_key"],
+                f"{run['date']:%Y-%m-%d %H:%M}",
+                run["hardware"],
+                run["status"],
+                run["regression"],
+                row["config"],
+                str(row["repeats"]),
+                _fmt(row["throughput_median"]),
+                _fmt(row["scaling_efficiency"], 3),
+                _fmt(row["final_accuracy_median"], 3),
+                _fmt(row["time_to_accuracy_median_s"]),
+                "*" if run["best"][group]["fastest"] == row["algorithm"] else "",
+            )
     console.print(t)
 
 
@@ -339,7 +344,7 @@ compare = click.Command(
     "compare",
     callback=_compare,
     help="Compare the algorithms of the runs MLflow holds for a suite (and hardware, date range): "
-    "median throughput and accuracy over repeats per config; * marks the fastest per config.",
+    "the report's comparison (medians over repeats, scaling efficiency, accuracy, the fastest).",
     params=[
         click.Option(["--suite"], type=click.Choice(["nightly", "onboarding", "adhoc"]), default="nightly"),
         click.Option(["--hardware"], default=None, help="Only this hardware label."),
