@@ -42,6 +42,19 @@ DEFAULT_ARGS: dict[str, Any] = {
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def nodes_per_job(spec_path: Path) -> int:
+    """Nodes one training job of a spec takes: its provider's `nodes` option, else 1.
+
+    Pool slots are fixed when the DAG is parsed, so this reads the DAG's default spec
+    (plain YAML, no validation: that happens in `start`). A run whose Params choose
+    other nodes still takes this many slots.
+    """
+    import yaml
+
+    provider = (yaml.safe_load(spec_path.read_text()) or {}).get("provider") or {}
+    return int((provider.get("options") or {}).get("nodes", 1))
+
+
 def _context() -> dict[str, Any]:
     return get_current_context()  # type: ignore[return-value]
 
@@ -180,19 +193,19 @@ def finish(ctx: dict) -> dict:
     return steps.finish(ctx, failed=failed)
 
 
-def benchmark(ctx: XComArg, report_asset: Asset, nodes_per_job: int = 1) -> dict[str, XComArg]:
+def benchmark(ctx: XComArg, report_asset: Asset, train_slots: int = 1) -> dict[str, XComArg]:
     """Wire the pipeline after `start`: the same shape for every ddlbench DAG.
 
     Serial on purpose: nothing else runs on the cluster while it is measured.
     provision -> microbench -> profile -> fit -> predict (before any training, so
     predictions never see the measurements) -> train grid (mapped, pooled: a job
-    takes `nodes_per_job` slots) -> validate -> report (publishes `report_asset`);
+    takes `train_slots` pool slots) -> validate -> report (publishes `report_asset`);
     teardown and finish always run. Returns the fit and report tasks' outputs, for
     DAGs that add steps between them.
     """
     provisioned = provision(ctx)
     entries = train_configs(ctx)
-    trained = train.override(pool_slots=nodes_per_job).partial(ctx=ctx).expand(entry=entries)
+    trained = train.override(pool_slots=train_slots).partial(ctx=ctx).expand(entry=entries)
     validation = validate(ctx, trained)
     reported = report.override(outlets=[report_asset])(ctx, trained, validation)
     released = teardown(ctx)

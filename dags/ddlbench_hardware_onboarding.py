@@ -136,7 +136,7 @@ def record_hardware_profile(ctx: dict) -> dict:
 )
 def ddlbench_hardware_onboarding() -> None:
     ctx = start()
-    tasks = benchmark(ctx, ONBOARDING_REPORT)
+    tasks = benchmark(ctx, ONBOARDING_REPORT, train_slots=FORM["nodes"].value)
     tasks["fit"] >> record_hardware_profile(ctx) >> tasks["report"]
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from airflow.sdk import Asset, Param, dag, task
 
-from dags._common import DEFAULT_ARGS, SPECS, START_DATE, airflow_info, benchmark, run_key
+from dags._common import DEFAULT_ARGS, SPECS, START_DATE, airflow_info, benchmark, nodes_per_job, run_key
 
+NIGHTLY_SPEC = SPECS / "nightly-cpu.yaml"
 NIGHTLY_REPORT = Asset(name="ddlbench_nightly_report", uri="ddlbench://reports/nightly")
 
 
@@ -39,7 +40,7 @@ def start(params: dict | None = None) -> dict:
     tags=["ddlbench", "benchmark"],
     doc_md=__doc__,
     params={
-        "spec_path": Param(str(SPECS / "nightly-cpu.yaml"), type="string", minLength=1,
+        "spec_path": Param(str(NIGHTLY_SPEC), type="string", minLength=1,
                            title="Benchmark spec",
                            description="Path of the benchmark spec (YAML)."),
         "overrides": Param({}, type="object", title="Spec overrides",
@@ -51,7 +52,7 @@ def start(params: dict | None = None) -> dict:
     },
 )
 def ddlbench_nightly() -> None:
-    benchmark(start(), NIGHTLY_REPORT)
+    benchmark(start(), NIGHTLY_REPORT, train_slots=nodes_per_job(NIGHTLY_SPEC))
 
 
 ddlbench_nightly()

@@ -126,6 +126,15 @@ def test_nightly_dag_shape(dagbag: Any) -> None:
                                                     uri="ddlbench://reports/nightly")]
 
 
+def test_training_pool_slots_are_the_nodes_a_job_takes(airflow_home: Path, tmp_path: Path) -> None:
+    from dags._common import nodes_per_job
+
+    assert nodes_per_job(REPO / "specs" / "nightly-cpu.yaml") == 1  # local: one host
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text("name: x\nprovider:\n  name: netns\n  options: {nodes: 3, bandwidth: 1gbit}\n")
+    assert nodes_per_job(spec) == 3
+
+
 def test_onboarding_dag_shape(dagbag: Any) -> None:
     dag = dagbag.get_dag("ddlbench_hardware_onboarding")
     assert dag.schedule is None
