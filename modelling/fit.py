@@ -74,8 +74,7 @@ def _grouped(comm: dict[str, Any]) -> dict[tuple[str, int, int], tuple[list[floa
         key = (row["primitive"], int(row["workers"]), int(row.get("servers", 0)))
         raw.setdefault(key, {}).setdefault(float(row["bytes"]), []).append(float(row["median_s"]))
     return {
-        key: (sorted(by_size), [statistics.median(by_size[m]) for m in sorted(by_size)])
-        for key, by_size in raw.items()
+        key: (sorted(by_size), [statistics.median(by_size[m]) for m in sorted(by_size)]) for key, by_size in raw.items()
     }
 
 
