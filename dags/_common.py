@@ -1,13 +1,12 @@
 """What the ddlbench DAGs share: task defaults, the pool, and the pipeline's task wiring.
 
-Thin on purpose: only `airflow.sdk` is imported at parse time. Each task imports
+Thin on purpose: only `airflow.sdk` (and yaml) is imported at parse time. Each task imports
 `pipelines.steps` when it runs, so parsing never pulls in torch or mlflow.
 Every task passes the small JSON ctx of `steps.start` and returns a small dict.
 """
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -39,9 +38,6 @@ DEFAULT_ARGS: dict[str, Any] = {
     "execution_timeout": STEP_TIMEOUT,
 }
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
 def nodes_per_job(spec_path: Path) -> int:
     """Nodes one training job of a spec takes: its provider's `nodes` option, else 1.
 
@@ -68,9 +64,9 @@ def airflow_info() -> dict[str, Any]:
 
 
 def run_key() -> str:
-    """Stable across retries of this DAG run, safe as a directory name."""
+    """Stable across retries of this DAG run (steps.start makes it directory-safe)."""
     ti = _context()["ti"]
-    return _UNSAFE.sub("-", f"{ti.dag_id}-{ti.run_id}").strip("-")
+    return f"{ti.dag_id}-{ti.run_id}"
 
 
 @contextmanager
