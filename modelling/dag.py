@@ -38,6 +38,7 @@ class Costs:
     unpack_s: float = 0.0  # copy a flat buffer back into the parameters
     server_update_s: float = 0.0  # sync shard: average N pushes + optimizer step
     server_apply_s: float = 0.0  # async shard: apply one push
+    straggle_s: float = 0.0  # a barrier's expected wait for the slowest of the N workers
     allreduce_s: Callable[[int], float] = lambda _m: 0.0  # bytes -> seconds, for this N
     transfer_s: Callable[[int], float] = lambda _m: 0.0  # one push or pull of m bytes to a shard
 
@@ -101,6 +102,10 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
         for layer in reversed(range(n_layers)):
             last = dag.add(f"b{layer}", c.bwd[layer], (cpu,), (last,), kind="backward", owner=w, step=t)
             done_at[layer] = last
+        if groups and c.straggle_s:
+            # The last gradients are ready everywhere only once the slowest worker's are.
+            last = dag.add("straggler", c.straggle_s, (), (last,), kind="straggle", owner=w, step=t)
+            done_at[groups[-1][0]] = last
         before_update = last
         if groups and not overlap:
             pack = dag.add("pack", c.pack_s, (cpu,), (last,), kind="backward", owner=w, step=t)
@@ -165,6 +170,8 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
             data = dag.add("data", c.data_s, (f"{w}.loader",), (prev_update[k],), kind="data", owner=w, step=t)
             fwd = dag.add("forward", sum(c.fwd), (cpu,), (data,), kind="forward", owner=w, step=t)
             bwd = dag.add("backward", sum(c.bwd), (cpu,), (fwd,), kind="backward", owner=w, step=t)
+            if c.straggle_s:  # the shard's barrier waits for the slowest worker's push
+                bwd = dag.add("straggler", c.straggle_s, (), (bwd,), kind="straggle", owner=w, step=t)
             # OD-SGD reuses the push buffer, so its previous push must have left.
             packs.append(dag.add("pack", c.pack_s, (cpu,), (bwd, *prev_push[k]), kind="backward", owner=w, step=t))
         pulls: list[list[int]] = [[] for _ in mult]

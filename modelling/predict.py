@@ -4,6 +4,7 @@ table and a fitted communication model (DESIGN §3)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,30 @@ def _check(algorithm: str, comm_mode: str, servers: int) -> None:
         raise ValueError(f"servers: comm ps needs at least 1 shard, got {servers}")
 
 
+def expected_straggle(samples: list[float], workers: int) -> float:
+    """E[max of N iteration times] - median: what a per-iteration barrier of N workers
+    waits for the slowest, from the profile's empirical distribution of whole
+    iterations (P(max <= x_(i)) = (i/n)^N over the sorted samples)."""
+    if workers < 2 or len(samples) < 2:
+        return 0.0
+    xs, n = sorted(samples), len(samples)
+    e_max = sum(x * ((i / n) ** workers - ((i - 1) / n) ** workers) for i, x in enumerate(xs, 1))
+    return max(e_max - statistics.median(xs), 0.0)
+
+
 def build_costs(
-    layers: dict[str, Any], comm: CommCosts, workers: int, servers: int, comm_mode: str, batch_size: int | None = None
+    layers: dict[str, Any],
+    comm: CommCosts,
+    workers: int,
+    servers: int,
+    comm_mode: str,
+    batch_size: int | None = None,
+    algorithm: str = "ssgd",
 ) -> Costs:
-    """Task durations for one world size; compute scales linearly to another batch size."""
+    """Task durations for one world size; compute scales linearly to another batch size.
+    Only SSGD waits for every worker every iteration, so only it pays for stragglers."""
     scale = batch_size / layers["batch_size"] if batch_size else 1.0
+    samples = layers.get("iteration_samples_s") or []
     rows = layers["layers"]
     return Costs(
         fwd=[r["fwd_s"] * scale for r in rows],
@@ -58,6 +78,7 @@ def build_costs(
         server_apply_s=layers.get("server_add_s", 0.0),
         allreduce_s=comm.allreduce(workers) if comm_mode == "allreduce" else (lambda _m: 0.0),
         transfer_s=comm.transfer(workers, servers) if comm_mode == "ps" else (lambda _m: 0.0),
+        straggle_s=expected_straggle(samples, workers) * scale if algorithm == "ssgd" else 0.0,
     )
 
 
@@ -115,7 +136,7 @@ def predict_one(
     batch_size: int | None,
 ) -> dict[str, Any]:
     servers = servers if comm_mode == "ps" else 0
-    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size)
+    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm)
     iterations = ITERATIONS[(algorithm, comm_mode)]
     plan = _plan(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, iterations)
     sched = simulate(plan.dag)
@@ -145,7 +166,7 @@ def predict_one(
     compute_s = sum(
         dag.durations[t]
         for t in range(len(dag))
-        if dag.owners[t] == "worker0" and dag.steps[t] == 0 and dag.kinds[t] in WORKER_TASKS
+        if dag.owners[t] == "worker0" and dag.steps[t] == 0 and dag.kinds[t] in (*WORKER_TASKS, "straggle")
     )
     return {
         "workers": workers,
@@ -215,7 +236,7 @@ def predicted_timeline(
     check_layers(layers)
     servers = servers if comm_mode == "ps" else 0
     comm = CommCosts(comm_model, bandwidth_bytes_per_s)
-    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size)
+    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm)
     plan = _plan(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, ITERATIONS[(algorithm, comm_mode)])
     sched = simulate(plan.dag)
     return _records(plan, sched)

@@ -252,7 +252,7 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
             if p.requires_grad:
                 handles.append(p.register_post_accumulate_grad_hook(lambda _p, m=m: grad_stamp.__setitem__(m, now())))
     per_layer: dict[Any, dict[str, list[float]]] = {m: {"fwd": [], "bwd": []} for m in owners}
-    data, update = [], []
+    data, update, compute = [], [], []
     order: list[Any] = []
     try:
         for step in range(warmup + repeats):
@@ -273,6 +273,7 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
                 prev = grad_stamp[m]
             data.append(it["data"])
             update.append(it["update"])
+            compute.append(it["data"] + it["bwd_end"] - it["fwd_start"] + it["update"])
     finally:
         for h in handles:
             h.remove()
@@ -299,5 +300,7 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
         "update_spread_s": _spread(update),
         "data_s": statistics.median(data),
         "data_spread_s": _spread(data),
+        # Whole iterations, for the straggler term of synchronous algorithms.
+        "iteration_samples_s": compute,
         **_flat_ops(net, repeats, now),
     }

@@ -239,3 +239,25 @@ def test_cli_predict_fit_and_errors(tmp_path) -> None:
     assert res.exit_code == 2 and "comm.json: not a ddlbench comm model" in res.output
     res = runner.invoke(cli, ["validate", "--run", str(tmp_path)])
     assert res.exit_code == 2 and "no summary.json" in res.output
+
+
+def test_the_straggler_term_is_the_expected_maximum_of_n_iterations() -> None:
+    from modelling.predict import expected_straggle
+
+    assert expected_straggle([1.0, 3.0], 1) == 0.0
+    # max of 2 draws from {1, 3}: 1 with probability 1/4, else 3; minus the median 2.
+    assert expected_straggle([1.0, 3.0], 2) == pytest.approx(0.5)
+    assert expected_straggle([1.0, 3.0], 1024) == pytest.approx(1.0)
+    jittery = {**TOY, "iteration_samples_s": [0.010, 0.011, 0.012, 0.020]}
+    wait = expected_straggle(jittery["iteration_samples_s"], 4)
+    for algorithm, comm in CONFIGS:
+        kw = {"algorithm": algorithm, "comm_mode": comm, "workers": [4], "overlap": False}
+        [calm], [late] = predict(TOY, COMM, **kw), predict(jittery, COMM, **kw)
+        # Only SSGD waits for every worker every iteration; behind a PS shard's queue
+        # part of the wait overlaps pushes that would have queued anyway.
+        if algorithm != "ssgd":
+            assert late["iter_time_s"] == pytest.approx(calm["iter_time_s"], rel=1e-6)
+        elif comm == "allreduce":
+            assert late["iter_time_s"] == pytest.approx(calm["iter_time_s"] + wait, rel=1e-6)
+        else:
+            assert calm["iter_time_s"] + 0.5 * wait < late["iter_time_s"] <= calm["iter_time_s"] + wait + 1e-9
