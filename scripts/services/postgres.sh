@@ -36,6 +36,8 @@ psql_admin() { su postgres -c "psql -v ON_ERROR_STOP=1 -qtA -p $port $*"; }
 
 if [ "$(psql_admin "-c \"SELECT 1 FROM pg_roles WHERE rolname = '$PG_ROLE'\"")" != 1 ]; then
   psql_admin "-c \"CREATE ROLE $PG_ROLE LOGIN CREATEDB PASSWORD '$PG_PASSWORD'\""
+elif [ "$(psql_admin "-c \"SELECT rolcanlogin AND rolcreatedb FROM pg_roles WHERE rolname = '$PG_ROLE'\"")" != t ]; then
+  psql_admin "-c \"ALTER ROLE $PG_ROLE LOGIN CREATEDB\""
 fi
 for db in "${PG_DATABASES[@]}"; do
   if [ "$(psql_admin "-c \"SELECT 1 FROM pg_database WHERE datname = '$db'\"")" != 1 ]; then
