@@ -153,7 +153,7 @@ def stream_process(proc: subprocess.Popen, log: IO[str], echo: bool,
     return t
 
 
-def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+def kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
     """SIGTERM the launcher's process group (torchrun forwards it to the ranks),
     then SIGKILL whatever is left of it and of its descendants: torchrun starts
     ranks in sessions of their own, and a stopped rank never acts on SIGTERM."""

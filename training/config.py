@@ -75,7 +75,7 @@ class TrainConfig(BaseModel):
     eval_every: int = Field(0, ge=0, description="Evaluate every K steps (0: only at the end).")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="Accuracy for time_to_accuracy_s.")
     threads: int = Field(1, ge=1, description="torch threads per process.")
-    timeout_s: float = Field(60.0, gt=0, description="Timeout of every blocking collective or point-to-point op.")
+    timeout_s: float = Field(45.0, gt=0, description="Timeout of every blocking collective or point-to-point op.")
     link_bandwidth: str | None = Field(None, description="Known link rate recorded with results (e.g. 1gbit).")
     save_params: bool = Field(False, description="Write the final parameters to params.pt (for checks).")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every K steps (0: never); a rerun resumes.")
