@@ -33,7 +33,7 @@ def main() -> None:
         ("SIGKILL worker 1 (ssgd allreduce)", {"model": "lenet5"}, 1, signal.SIGKILL),
         ("SIGKILL PS shard (odsgd)", {"model": "lenet5", "algorithm": "odsgd", "servers": 1}, 2, signal.SIGKILL),
         ("SIGSTOP worker 1, default timeout_s (ssgd ps)",
-         {"model": "lenet5", "algorithm": "ssgd", "comm": "ps", "servers": 1, "timeout_s": 60}, 1, signal.SIGSTOP),
+         {"model": "lenet5", "algorithm": "ssgd", "comm": "ps", "servers": 1}, 1, signal.SIGSTOP),
     ]
     with tempfile.TemporaryDirectory() as d:
         for i, (name, opts, rank, sig) in enumerate(cases):
