@@ -6,8 +6,11 @@ optimizer step) with hooks that stamp the clock: a forward hook when a layer's
 forward ends, a post-accumulate-grad hook when each of its gradients is ready.
 A layer is charged the time since the previous stamp, so the work of
 parameter-free modules (activations, pooling, the loss) lands on the next layer
-that owns parameters and the layer times add up to the whole pass. On CUDA the
-clock synchronises the device first.
+that owns parameters. Each layer's median is then scaled so the layers add up
+to the median whole forward+backward pass (`layer_time_scale`): on a
+time-shared CPU, preemptions land in a different layer each repeat and
+per-layer medians alone would drop them. On CUDA the clock synchronises the
+device first.
 
 `processes > 1` starts that many profiling processes in all (this one and
 P-1 contenders running the same iterations), so the CPU is contended as in a
@@ -252,7 +255,7 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
             if p.requires_grad:
                 handles.append(p.register_post_accumulate_grad_hook(lambda _p, m=m: grad_stamp.__setitem__(m, now())))
     per_layer: dict[Any, dict[str, list[float]]] = {m: {"fwd": [], "bwd": []} for m in owners}
-    data, update, compute = [], [], []
+    data, update, compute, passes = [], [], [], []
     order: list[Any] = []
     try:
         for step in range(warmup + repeats):
@@ -273,10 +276,18 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
                 prev = grad_stamp[m]
             data.append(it["data"])
             update.append(it["update"])
-            compute.append(it["data"] + it["bwd_end"] - it["fwd_start"] + it["update"])
+            passes.append(it["bwd_end"] - it["fwd_start"])
+            compute.append(it["data"] + passes[-1] + it["update"])
     finally:
         for h in handles:
             h.remove()
+    # Per-layer medians miss the preemptions a time-shared CPU spreads over whole
+    # passes; scale them so they add up to the median forward+backward pass.
+    medians = {
+        m: (statistics.median(per_layer[m]["fwd"]), statistics.median(per_layer[m]["bwd"] or [0.0])) for m in order
+    }
+    total = sum(f + b for f, b in medians.values())
+    scale = statistics.median(passes) / total if total > 0 else 1.0
     rows = []
     for m in order:
         ps = list(m.parameters(recurse=False))
@@ -285,8 +296,8 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
             {
                 "name": names[m] or type(m).__name__,
                 "type": type(m).__name__,
-                "fwd_s": statistics.median(f),
-                "bwd_s": statistics.median(b),
+                "fwd_s": medians[m][0] * scale,
+                "bwd_s": medians[m][1] * scale,
                 "fwd_spread_s": _spread(f),
                 "bwd_spread_s": _spread(b),
                 "param_bytes": sum(p.numel() * p.element_size() for p in ps),
@@ -296,6 +307,7 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
         )
     return {
         "layers": rows,
+        "layer_time_scale": scale,
         "update_s": statistics.median(update),
         "update_spread_s": _spread(update),
         "data_s": statistics.median(data),

@@ -53,6 +53,7 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
     ]
     assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in layers["layers"])
     assert layers["layers"][0]["output_bytes"] == 16 * 6 * 28 * 28 * 4
+    assert len(layers["iteration_samples_s"]) == 4 and layers["layer_time_scale"] > 0
     assert layers["processes"] == 2 and layers["update_s"] > 0 and torch.get_num_threads() >= 1
 
     run = tmp_path / "run"
