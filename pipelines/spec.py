@@ -88,9 +88,7 @@ class AlgorithmSpec(_Strict):
     @model_validator(mode="after")
     def _check(self) -> AlgorithmSpec:
         if self.name != Algorithm.ssgd and self.comm == Comm.allreduce:
-            raise ValueError(
-                f"comm: {self.name.value} runs on a parameter server; use comm: ps, not allreduce"
-            )
+            raise ValueError(f"comm: {self.name.value} runs on a parameter server; use comm: ps, not allreduce")
         grid = sorted(_GRID_FIELDS & set(self.options))
         if grid:
             raise ValueError(f"options: {grid[0]!r} is set by the grid; set it in the spec's own field")
@@ -189,7 +187,9 @@ class BenchSpec(_Strict):
     batch_sizes: list[int] = Field([32], min_length=1, description="Per-worker batch sizes.")
     steps: int | None = Field(None, ge=1, description="Iterations per worker (or give epochs).")
     epochs: float | None = Field(None, gt=0, description="Epochs per run (or give steps).")
-    repeats: int = Field(1, ge=1, le=100, description="Runs per config; figures are medians over them.")
+    repeats: int = Field(
+        1, ge=1, le=100, description="Runs per config (seed = repeat index); figures are medians over them."
+    )
     target_accuracy: float | None = Field(None, gt=0, le=1)
     train: dict[str, Any] = Field(
         default_factory=dict, description="TrainConfig options of every run (lr, momentum, eval_every, threads, ...)."

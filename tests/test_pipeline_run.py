@@ -196,12 +196,20 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
 
 
 def test_compare_prints_the_runs_found_by_search(pipeline: dict[str, Any]) -> None:
-    proc = _ddlbench(
-        "compare", "--suite", "adhoc", "--hardware", "cpu-local", "--since", "2020-01-01", home=pipeline["home"]
+    from click.testing import CliRunner
+
+    from pipelines.cli import cli
+
+    runner = CliRunner(env={"COLUMNS": "250", "MLFLOW_TRACKING_URI": None})
+    home = str(pipeline["home"])
+    out = runner.invoke(
+        cli, ["compare", "--suite", "adhoc", "--hardware", "cpu-local", "--since", "2020-01-01", "--home", home]
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.exit_code == 0, out.output
+    rows = [line for line in out.output.splitlines() if KEY + " " in line]
+    assert len(rows) == len(CONFIGS)
     for config in CONFIGS:
-        assert config.removesuffix("-r0") in proc.stdout
-    assert KEY in proc.stdout
-    proc = _ddlbench("compare", "--suite", "adhoc", "--since", "2999-01-01", home=pipeline["home"])
-    assert "no runs found" in proc.stdout
+        assert any(config.removesuffix("-r0") in row for row in rows)
+    assert sum("*" in row for row in rows) == 1  # the fastest algorithm of the one config group
+    out = runner.invoke(cli, ["compare", "--suite", "adhoc", "--since", "2999-01-01", "--home", home])
+    assert "no runs found" in out.output
