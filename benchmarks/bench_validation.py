@@ -37,6 +37,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?", type=Path, default=Path("/tmp/ddlbench-validation"))
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument(
+        "--profile-processes",
+        choices=["world", "workers"],
+        default="world",
+        help="profile with the training world's process count (DESIGN §3) or only its workers'",
+    )
     args = ap.parse_args()
     out: Path = args.out
     shutil.rmtree(out, ignore_errors=True)
@@ -69,7 +75,16 @@ def main() -> None:
             launch(cfg, run, provider, timeout_s=600, echo=False)
             # Profiled right after its run, so both see the same load from whatever else
             # shares the host, with as many processes as the training world.
-            write_layers(profile_layers(name, BATCH, dataset=dataset, processes=WORKERS + servers, repeats=20), run)
+            write_layers(
+                profile_layers(
+                    name,
+                    BATCH,
+                    dataset=dataset,
+                    processes=WORKERS + (servers if args.profile_processes == "world" else 0),
+                    repeats=20,
+                ),
+                run,
+            )
             runs.append(run)
     result = validate_runs(runs, comm_model=model)
     print(f"{'run':<28} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
