@@ -74,7 +74,7 @@ def main() -> None:
             )
             launch(cfg, run, provider, timeout_s=600, echo=False)
             # Profiled right after its run, so both see the same load from whatever else
-            # shares the host, with as many processes as the training world.
+            # shares the host, with the training world's process count (or its workers').
             write_layers(
                 profile_layers(
                     name,
