@@ -20,26 +20,11 @@ from infra.local import LocalProvider
 from pipelines.cli import cli
 from pipelines.launch import JobFailed, launch, prepare
 from tests.test_training_algorithms import ssgd_reference
-from tests.trainjobs import max_diff
+from tests.trainjobs import max_diff, rank_process
 from training.config import ConfigError
 from training.timeline import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
-
-
-def rank_process(out: Path, rank: int, timeout_s: float = 120) -> psutil.Process:
-    """The process of `rank` of the job writing to `out`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                cmd = p.info["cmdline"] or []
-                if "training.run" in cmd and str(out) in cmd and p.environ().get("RANK") == str(rank):
-                    return p
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        time.sleep(0.2)
-    raise AssertionError(f"rank {rank} never started")
 
 
 def steps_logged(out: Path) -> int:

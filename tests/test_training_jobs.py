@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 from infra.local import LocalProvider
 from pipelines.cli import cli
 from pipelines.launch import JobFailed, launch, prepare
+from tests.trainjobs import rank_process
 from training.timeline import read_jsonl
 
 # lenet5 on digits, 2 workers x 32, 150 steps: every algorithm must pass this.
@@ -110,20 +110,6 @@ def test_bad_yaml_config_names_file_and_field(tmp_path):
     assert missing.exit_code == 2 and "nope.yaml: no such file" in missing.output
 
 
-def _rank_process(out: Path, rank: int, deadline: float) -> psutil.Process:
-    """The process of `rank` of the job writing to `out`."""
-    while time.monotonic() < deadline:
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                cmd = p.info["cmdline"] or []
-                if "training.run" in cmd and str(out) in cmd and p.environ().get("RANK") == str(rank):
-                    return p
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        time.sleep(0.2)
-    raise AssertionError(f"rank {rank} never started")
-
-
 @pytest.mark.slow
 def test_killed_worker_fails_the_job_naming_the_rank(tmp_path):
     out = tmp_path.resolve()
@@ -132,7 +118,7 @@ def test_killed_worker_fails_the_job_naming_the_rank(tmp_path):
     killed_at: list[float] = []
 
     def kill_rank_1() -> None:
-        proc = _rank_process(out, 1, time.monotonic() + 120)
+        proc = rank_process(out, 1)
         while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").stat().st_size:
             time.sleep(0.2)  # training is under way
         killed_at.append(time.monotonic())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.nn.functional as F
 
@@ -48,3 +50,18 @@ class Reference:
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def rank_process(out: Path, rank: int, timeout_s: float = 120) -> psutil.Process:
+    """The process of `rank` of the job writing to `out`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                cmd = p.info["cmdline"] or []
+                if "training.run" in cmd and str(out) in cmd and p.environ().get("RANK") == str(rank):
+                    return p
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never started")
