@@ -106,7 +106,6 @@ class Trainer:
         model.train()
         lead = self.rank == 0
         metrics = _open_metrics(self.out / "metrics.jsonl", done) if lead else None
-        start = 0.0  # the timeline clock is 0 at the start of training (continued on resume)
         last_end = tl.now()
         global_batch = cfg.workers * cfg.batch_size
         try:
@@ -139,7 +138,8 @@ class Trainer:
                     row: dict[str, Any] = {
                         "step": t + 1,
                         "loss": self.loss_value,
-                        "time_s": rec["end"] - start - self.eval_time,
+                        # The timeline clock starts at 0 with training (and continues on resume).
+                        "time_s": rec["end"] - self.eval_time,
                         "throughput_samples_per_s": global_batch / max(rec["end"] - last_end, 1e-9),
                     }
                     last_end = rec["end"]
@@ -153,7 +153,7 @@ class Trainer:
                     metrics.flush()
                 on_step(t)
             self.strategy.finish()
-            train_time = tl.now() - start - self.eval_time
+            train_time = tl.now() - self.eval_time
             result: dict[str, Any] = {"train_time_s": train_time}
             if lead:
                 acc, test_loss = evaluate(self.net, self.test_set, self.device)
