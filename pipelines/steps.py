@@ -22,7 +22,7 @@ from typing import Any
 
 from pipelines.journal import now_ms
 from pipelines.spec import BenchSpec, SpecError, Workload, flatten, grid, load_spec, validate_spec
-from pipelines.tracking import PARENT, Tracker, tracker_for
+from pipelines.tracking import PARENT, Tracker, mask_uri, tracker_for
 
 REPO = Path(__file__).resolve().parent.parent
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -161,7 +161,7 @@ def start(
             "run_key": run_key,
             "run_dir": str(run_dir),
             "home": str(home_dir),
-            "tracking_uri": default_tracking_uri(home_dir),
+            "tracking_uri": mask_uri(default_tracking_uri(home_dir)),  # no password in ctx/XCom
             "experiment": spec.experiment,
             "parent_run_id": None,
             "spec_path": str(Path(spec_path).resolve()),
@@ -691,7 +691,8 @@ def sync(run_dir: str | Path, tracking_uri: str | None = None) -> dict:
     run_dir = Path(run_dir)
     ctx = json.loads((run_dir / "ctx.json").read_text())
     if tracking_uri:
-        ctx["tracking_uri"] = tracking_uri
+        os.environ["MLFLOW_TRACKING_URI"] = tracking_uri  # where a masked URI finds its credentials
+        ctx["tracking_uri"] = mask_uri(tracking_uri)
     t = tracker_for(ctx)
     before = t.journal.pending()
     orphans = t.end_orphans()

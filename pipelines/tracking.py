@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pipelines.journal import Journal, now_ms, owner, owner_alive
 
@@ -290,16 +291,40 @@ def _is_rejection(err: Exception) -> bool:
 
 
 _TRACKERS: dict[str, Tracker] = {}
+_MASK = "***"
+
+
+def mask_uri(uri: str) -> str:
+    """The tracking URI without its password: what ctx.json, XCom and logs may hold."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = f"{parts.username}:{_MASK}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def resolve_uri(stored: str) -> str:
+    """The real URI for a masked one: credentials come from the environment only."""
+    if f":{_MASK}@" not in stored:
+        return stored
+    real = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if mask_uri(real) != stored:
+        raise RuntimeError(
+            f"tracking_uri: {stored} needs its credentials from MLFLOW_TRACKING_URI in this process's "
+            "environment (an Airflow connection or the deployment's env file), and that is not set to it"
+        )
+    return real
 
 
 def tracker_for(ctx: dict[str, Any]) -> Tracker:
     """One tracker per run dir and process (steps called in a row share its state)."""
     key = str(Path(ctx["run_dir"]).resolve())
     t = _TRACKERS.get(key)
-    if t is None or t.tracking_uri != ctx["tracking_uri"]:
+    uri = resolve_uri(ctx["tracking_uri"])
+    if t is None or t.tracking_uri != uri:
         t = Tracker(
             Path(ctx["run_dir"]),
-            ctx["tracking_uri"],
+            uri,
             ctx["experiment"],
             ctx["run_key"],
             artifact_root=Path(ctx["home"]) / "mlartifacts",

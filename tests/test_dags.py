@@ -313,6 +313,7 @@ def _training_processes(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_training_task_killed_by_airflow_timeout_leaves_nothing_behind(airflow_home: Path,
@@ -367,6 +368,7 @@ def test_training_task_killed_by_airflow_timeout_leaves_nothing_behind(airflow_h
     assert {r.info.run_id: r.info.status for r in runs}[ctx["parent_run_id"]] == "FAILED"
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 def test_sigterm_to_a_training_task_kills_its_process_group(airflow_home: Path, tmp_path: Path) -> None:
     """Airflow stops a task (UI kill, supervisor) with SIGTERM: the job's own session goes too."""

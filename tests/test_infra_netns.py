@@ -211,6 +211,7 @@ def test_algorithms_train_across_nodes(tmp_path, algorithm, workers, servers, no
     assert_gone(provider, tmp_path)
 
 
+@pytest.mark.faults
 @pytest.mark.slow
 @pytest.mark.netns
 @needs_root

@@ -7,6 +7,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from pipelines.journal import Journal, owner
 from pipelines.tracking import Tracker
 
@@ -56,3 +58,18 @@ def test_unreachable_server_journals_and_goes_on_offline(tmp_path: Path) -> None
     assert time.monotonic() - t0 < 30, "an unreachable store must not stall the pipeline"
     assert t.journal.pending() == 52
     assert t.flush() is False and t.journal.pending() == 52
+
+
+def test_tracking_credentials_never_reach_ctx_and_come_from_the_environment(monkeypatch):
+    from pipelines.tracking import mask_uri, resolve_uri
+
+    real = "postgresql://ddlbench:s3cret@127.0.0.1:5432/ddlbench_mlflow"
+    stored = mask_uri(real)
+    assert stored == "postgresql://ddlbench:***@127.0.0.1:5432/ddlbench_mlflow"
+    assert "s3cret" not in stored
+    assert mask_uri("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", real)
+    assert resolve_uri(stored) == real
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://other:x@127.0.0.1/db")
+    with pytest.raises(RuntimeError, match="tracking_uri: .* needs its credentials from MLFLOW_TRACKING_URI"):
+        resolve_uri(stored)

@@ -73,6 +73,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         yield out
 
 
+@pytest.mark.faults
 def test_killed_step_leaves_its_run_open_until_retried(scenario: dict[str, Any]) -> None:
     assert scenario["status_after_kill"] == "RUNNING"
 
