@@ -21,9 +21,9 @@ from infra.local import LocalProvider
 from pipelines.launch import launch, prepare
 
 
-def _train(out: Path, **opts) -> dict:
+def _train(out: Path, provider=None, **opts) -> dict:
     cfg = prepare({"dataset": "synthetic", "measure_warmup": 5} | opts, "bench")
-    return launch(cfg, out, LocalProvider(), timeout_s=900, echo=False)
+    return launch(cfg, out, provider or LocalProvider(), timeout_s=900, echo=False)
 
 
 def _module(module: str, args: list[str], world: int, out: Path) -> dict:
@@ -57,15 +57,28 @@ def bench_ps(tmp: Path, repeats: int, mbytes: float) -> None:
           f"with the server update, {statistics.median(comm_ratios):.3f} without it (goal >= 0.9)")
 
 
-def bench_odsgd(tmp: Path, steps: int) -> None:
-    common = dict(model="mlp", workers=2, servers=1, batch_size=32, steps=steps)
-    res = {a: _train(tmp / a, algorithm=a, **({"comm": "ps"} if a == "ssgd" else {}), **common)
-           for a in ("ssgd", "asgd", "odsgd")}
+def bench_odsgd(tmp: Path, steps: int, model: str, bandwidth: str | None) -> None:
+    """On loopback, communication is CPU work competing with compute for the same
+    cores; on a shaped link (netns, one node per rank) it is network time."""
+    common = dict(model=model, workers=2, servers=1, batch_size=32, steps=steps)
+    provider = None
+    if bandwidth:
+        from infra.netns import NetnsProvider
+
+        provider = NetnsProvider(nodes=3, bandwidth=bandwidth)
+        provider.provision()
+    try:
+        res = {a: _train(tmp / a, provider, algorithm=a, **({"comm": "ps"} if a == "ssgd" else {}), **common)
+               for a in ("ssgd", "asgd", "odsgd")}
+    finally:
+        if provider:
+            provider.teardown()
+    print(f"[3] {model}, {'netns ' + bandwidth + ' links' if bandwidth else 'loopback'}:")
     b = res["ssgd"]["breakdown_s"]
     compute = b["data"] + b["forward"] + b["backward"] + b["update"]
     comm = b["comm_exposed"]  # SSGD-PS exposes all of push, server update and pull
     od = res["odsgd"]["iter_time_s"]["p50"]
-    print(f"[3] OD-SGD iteration {od * 1e3:.1f} ms vs max(compute {compute * 1e3:.1f}, comm {comm * 1e3:.1f}) ms: "
+    print(f"    OD-SGD iteration {od * 1e3:.1f} ms vs max(compute {compute * 1e3:.1f}, comm {comm * 1e3:.1f}) ms: "
           f"ratio {od / max(compute, comm):.3f}; vs compute+comm: {od / (compute + comm):.3f}")
     ps = res["ssgd"]["throughput_samples_per_s"]
     for a in ("odsgd", "asgd", "ssgd"):
@@ -79,6 +92,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--model", default="resnet20")
     ap.add_argument("--only", choices=["ddp", "ps", "odsgd"])
+    ap.add_argument("--odsgd-model", default="mlp")
+    ap.add_argument("--bandwidth", default=None, help="[3] on a netns cluster with links shaped to this rate (root)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -87,7 +102,7 @@ def main() -> None:
         if args.only in (None, "ps"):
             bench_ps(tmp, args.repeats, 16.0)
         if args.only in (None, "odsgd"):
-            bench_odsgd(tmp, args.steps)
+            bench_odsgd(tmp, args.steps, args.odsgd_model, args.bandwidth)
 
 
 if __name__ == "__main__":
