@@ -9,17 +9,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from training.config import TrainConfig
 from training.timeline import WORKER_PHASES
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def iteration_times(records: list[dict[str, Any]], skip: int) -> list[float]:
@@ -57,8 +50,8 @@ def timing_figures(cfg: TrainConfig, records: list[dict[str, Any]], steps: int) 
     return {
         "throughput_samples_per_s": samples / (end - start) if end > start else None,
         "iter_time_s": {
-            "p50": _percentile(periods, 0.5),
-            "p95": _percentile(periods, 0.95),
+            "p50": float(np.percentile(periods, 50)) if periods else None,
+            "p95": float(np.percentile(periods, 95)) if periods else None,
             "mean": statistics.fmean(periods) if periods else None,
             "stdev": statistics.stdev(periods) if len(periods) > 1 else 0.0,
         },
