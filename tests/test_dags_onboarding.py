@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from pipelines.tracking import mask_uri
+
 REPO = Path(__file__).resolve().parent.parent
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 PG = {"host": os.environ.get("DDLBENCH_PG_HOST", "127.0.0.1"),
@@ -123,7 +125,10 @@ def test_onboarding_runs_end_to_end(onboarding: dict[str, Any]) -> None:
 
     ctx = onboarding["ctx"]
     assert ctx["experiment"] == "ddlbench-onboarding" and ctx["hardware"] == "cpu-onboard-test"
-    client = MlflowClient(tracking_uri=ctx["tracking_uri"])
+    # ctx (and so XCom) holds the store's URI without its password; the real one is the environment's.
+    uri = onboarding.get("mlflow", ctx["tracking_uri"])
+    assert mask_uri(uri) == ctx["tracking_uri"]
+    client = MlflowClient(tracking_uri=uri)
     parent = client.get_run(ctx["parent_run_id"])
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["ddlbench.hardware"] == "cpu-onboard-test"
@@ -156,9 +161,10 @@ def test_onboarding_ran_with_both_stores_on_postgresql(onboarding: dict[str, Any
         pytest.skip(onboarding["why"])
     assert onboarding["airflow_db"].startswith("postgresql")
     assert onboarding["ctx"]["tracking_uri"].startswith("postgresql")
+    assert ":***@" in onboarding["ctx"]["tracking_uri"]  # no password in ctx.json or XCom
     from sqlalchemy import create_engine, text
 
-    engine = create_engine(onboarding["ctx"]["tracking_uri"])
+    engine = create_engine(onboarding["mlflow"])
     try:
         with engine.connect() as conn:
             statuses = {r[0]: r[1] for r in conn.execute(text("SELECT run_uuid, status FROM runs"))}
