@@ -105,7 +105,10 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
         flags = list(line["flags"])
         usable = True
-        if link and beta < 1.0 / link:
+        if beta <= 0:  # time that does not grow with size: noise swamped the sizes measured
+            flags.append(f"beta {beta:.3g} s/B is not positive; measure larger messages. Not used")
+            usable = False
+        elif link and beta < 1.0 / link:
             flags.append(
                 f"beta {beta:.3g} s/B is faster than the link's {1.0 / link:.3g} s/B "
                 f"({link * 8 / 1e9:.3g} Gbit/s); not used"

@@ -368,43 +368,49 @@ def predict(ctx: dict) -> dict:
         layers_by, model = _load_inputs(ctx)
         if not layers_by or model is None:
             return {"predictions": None, "skipped": True}
+        from modelling.fit import CommModelError
         from modelling.predict import predict as predict_model
 
         sizes = sorted(set(spec.workers) | set(spec.what_if.workers))
         rates = [(spec.network.link_bandwidth, spec.network.bytes_per_s)]
         rates += [(r, _rate(r)) for r in spec.what_if.link_bandwidths]
         rows: list[dict[str, Any]] = []
-        for wl in spec.workloads:
-            for batch in spec.batch_sizes:
-                layers = layers_by[_workload_dir(wl, batch)]
-                for algo in spec.algorithms:
-                    for label, rate in rates:
-                        for p in predict_model(
-                            layers,
-                            model,
-                            algorithm=algo.name.value,
-                            comm_mode=algo.comm_mode.value,
-                            workers=sizes,
-                            servers=spec.servers,
-                            bandwidth_bytes_per_s=rate,
-                            bucket_mb=algo.options.get("bucket_mb", 25.0),
-                            overlap=algo.options.get("overlap", True),
-                            batch_size=batch,
-                        ):
-                            rows.append(
-                                {
-                                    "workload": wl.label,
-                                    "batch_size": batch,
-                                    "algorithm": algo.label,
-                                    "workers": p["workers"],
-                                    "link_bandwidth": label or "measured",
-                                    "iter_time_s": p["iter_time_s"],
-                                    "throughput_samples_per_s": p["throughput_samples_per_s"],
-                                    "compute_s": p.get("compute_s"),
-                                    "comm_s": p.get("comm_s"),
-                                    "what_if": p["workers"] not in spec.workers or rate != rates[0][1],
-                                }
-                            )
+        try:
+            for wl in spec.workloads:
+                for batch in spec.batch_sizes:
+                    layers = layers_by[_workload_dir(wl, batch)]
+                    for algo in spec.algorithms:
+                        for label, rate in rates:
+                            for p in predict_model(
+                                layers,
+                                model,
+                                algorithm=algo.name.value,
+                                comm_mode=algo.comm_mode.value,
+                                workers=sizes,
+                                servers=spec.servers,
+                                bandwidth_bytes_per_s=rate,
+                                bucket_mb=algo.options.get("bucket_mb", 25.0),
+                                overlap=algo.options.get("overlap", True),
+                                batch_size=batch,
+                            ):
+                                rows.append(
+                                    {
+                                        "workload": wl.label,
+                                        "batch_size": batch,
+                                        "algorithm": algo.label,
+                                        "workers": p["workers"],
+                                        "link_bandwidth": label or "measured",
+                                        "iter_time_s": p["iter_time_s"],
+                                        "throughput_samples_per_s": p["throughput_samples_per_s"],
+                                        "compute_s": p.get("compute_s"),
+                                        "comm_s": p.get("comm_s"),
+                                        "what_if": p["workers"] not in spec.workers or rate != rates[0][1],
+                                    }
+                                )
+        except CommModelError as err:
+            # A fit that beats physics is flagged, not used: say so and go on.
+            t.set_tags(node, {"prediction_skipped": str(err)[:250]})
+            return {"predictions": None, "skipped": True, "reason": str(err)}
         path = _write_json(Path(ctx["run_dir"]) / "predict" / "predictions.json", rows)
         t.log_artifact(node, path)
         t.log_table(node, {k: [r[k] for r in rows] for k in rows[0]}, "predictions_table.json")

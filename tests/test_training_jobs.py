@@ -29,8 +29,9 @@ STEPS = 150
     [
         {"algorithm": "ssgd", "comm": "allreduce"},
         {"algorithm": "ssgd", "comm": "ps", "servers": 1},
-        # Plain SGD on the server (no momentum): a larger step than lr / N.
-        {"algorithm": "asgd", "servers": 1, "lr_async": 0.2},
+        # Plain SGD on the server (no momentum): a larger step than lr / N, and more
+        # steps, since arrival order (and so the trajectory) varies from run to run.
+        {"algorithm": "asgd", "servers": 1, "lr_async": 0.2, "steps": 300},
         {"algorithm": "odsgd", "servers": 1, "warmup_steps": 5},
     ],
     ids=["ssgd-allreduce", "ssgd-ps", "asgd", "odsgd"],
@@ -38,6 +39,7 @@ STEPS = 150
 def test_each_algorithm_learns_digits(tmp_path, options):
     cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 32,
                    "steps": STEPS, "eval_every": 50, "target_accuracy": 0.5} | options)
+    steps = cfg.steps
     summary = launch(cfg, tmp_path, LocalProvider(), timeout_s=300, echo=False)
     assert summary["status"] == "completed"
     assert summary["final_accuracy"] >= TARGET_ACCURACY, summary["final_accuracy"]
@@ -47,7 +49,7 @@ def test_each_algorithm_learns_digits(tmp_path, options):
     records = read_jsonl(tmp_path / "timeline.jsonl")
     workers = [r for r in records if r["role"] == "worker"]
     assert sorted({r["rank"] for r in workers}) == [0, 1]
-    assert len(workers) == 2 * STEPS
+    assert len(workers) == 2 * steps
     assert summary["throughput_samples_per_s"] > 0
     it = summary["iter_time_s"]
     assert 0 < it["p50"] <= it["p95"]
@@ -63,13 +65,13 @@ def test_each_algorithm_learns_digits(tmp_path, options):
 
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     losses = [m["loss"] for m in metrics if "loss" in m]
-    assert len(losses) == STEPS and losses[-1] < losses[0]
-    assert [m["step"] for m in metrics if "accuracy" in m] == [50, 100, STEPS]
+    assert len(losses) == steps and losses[-1] < losses[0]
+    assert [m["step"] for m in metrics if "accuracy" in m] == list(range(50, steps, 50)) + [steps]
     env = summary["environment"]
     assert env["torch"] and env["world_size"] == 2 + summary["servers"]
     if options["algorithm"] == "asgd":
         st = summary["staleness"]
-        assert sum(st["histogram"].values()) == 2 * STEPS and st["mean"] >= 0
+        assert sum(st["histogram"].values()) == 2 * steps and st["mean"] >= 0
 
 
 BAD_OPTIONS = [
