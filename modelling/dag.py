@@ -41,6 +41,9 @@ class Costs:
     straggle_s: float = 0.0  # a barrier's expected wait for the slowest of the N workers
     allreduce_s: Callable[[int], float] = lambda _m: 0.0  # bytes -> seconds, for this N
     transfer_s: Callable[[int], float] = lambda _m: 0.0  # one push or pull of m bytes to a shard
+    # Loopback: every rank on one host, where a transfer is memory copies by the CPUs of
+    # its two ends, so it holds their compute as well as their links (nothing overlaps).
+    comm_on_cpu: bool = False
 
     @property
     def model_bytes(self) -> int:
@@ -88,6 +91,7 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
     """SSGD-allreduce on one representative worker. bucket_bytes <= 0: per-layer WFBP."""
     dag = Dag()
     w, cpu, net, loader = "worker0", "worker0.compute", "network", "worker0.loader"
+    wire = (net, cpu) if c.comm_on_cpu else (net,)
     n_layers = len(c.fwd)
     ends: list[int] = []
     prev_update: int | None = None
@@ -110,7 +114,7 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
         if groups and not overlap:
             pack = dag.add("pack", c.pack_s, (cpu,), (last,), kind="backward", owner=w, step=t)
             prev_comm = dag.add(
-                "allreduce", c.allreduce_s(c.model_bytes), (net,), (pack, prev_comm), kind="allreduce", owner=w, step=t
+                "allreduce", c.allreduce_s(c.model_bytes), wire, (pack, prev_comm), kind="allreduce", owner=w, step=t
             )
             before_update = prev_comm
         elif groups:
@@ -118,7 +122,7 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
                 prev_comm = dag.add(
                     f"c{j}",
                     c.allreduce_s(nbytes),
-                    (net,),
+                    wire,
                     (done_at[ready_layer], prev_comm),
                     kind="allreduce",
                     owner=w,
@@ -163,6 +167,13 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
     prev_push: list[list[int | None]] = [[None] * servers for _ in mult]
     prev_pulls: list[list[int]] = [[] for _ in mult]  # OD-SGD: the pulls of W_g(t)
     shard_free: list[int | None] = [None] * servers  # sync server: its loop is back at receive
+
+    def cpu_of(w: str, s: int | None = None) -> tuple[str, ...]:
+        """The CPUs a loopback transfer copies on: the worker's, and the shard's."""
+        if not c.comm_on_cpu:
+            return ()
+        return (f"{w}.compute",) if s is None else (f"{w}.compute", f"server{s}.compute")
+
     for t in range(iterations):
         packs = []
         for k, w in enumerate(owners):
@@ -184,7 +195,7 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
                         dag.add(
                             f"push-apply-pull s{s}",
                             serve,
-                            (f"{w}.link", f"server{s}.link", f"server{s}.compute"),
+                            (f"{w}.link", f"server{s}.link", f"server{s}.compute", *cpu_of(w)),
                             (packs[k],),
                             kind="comm",
                             owner=w,
@@ -198,7 +209,7 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
                     push = dag.add(
                         f"push s{s}",
                         mult[k] * c.transfer_s(shard_bytes[s]),
-                        (f"{w}.link", f"server{s}.link"),
+                        (f"{w}.link", f"server{s}.link", *cpu_of(w, s)),
                         (packs[k], shard_free[s]),
                         kind="comm",
                         owner=w,
@@ -220,7 +231,7 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
                     pull = dag.add(
                         f"pull s{s}",
                         mult[k] * c.transfer_s(shard_bytes[s]),
-                        (f"{w}.link", f"server{s}.link"),
+                        (f"{w}.link", f"server{s}.link", *cpu_of(w, s)),
                         (update,),
                         kind="comm",
                         owner=w,
@@ -260,4 +271,5 @@ def without_compute(c: Costs) -> Costs:
         server_apply_s=c.server_apply_s,
         allreduce_s=c.allreduce_s,
         transfer_s=c.transfer_s,
+        comm_on_cpu=c.comm_on_cpu,
     )

@@ -12,7 +12,7 @@ constants from a and b:
 
 Allreduce's beta comes from the p2p fit of the same file, gamma from the rest
 of the slope. Predicting for a measured world size within the measured sizes,
-`CommCosts` interpolates the measurements themselves (real transports are not
+`CommCosts` follows the measurements themselves, locally smoothed (real transports are not
 quite linear in M: the residuals show by how much); elsewhere, and for
 bandwidth what-ifs, it uses the fitted constants. A fit that beats physics (beta below the link's byte time,
 negative alpha) is flagged; a flagged beta is marked unusable and the
@@ -67,12 +67,14 @@ def fit_line(sizes: list[float], times: list[float]) -> dict[str, Any]:
 
 
 def _grouped(comm: dict[str, Any]) -> dict[tuple[str, int, int], tuple[list[float], list[float]]]:
-    """Per (primitive, workers, servers): sizes ascending and their median times. A size
+    """Per (primitive, workers, servers): sizes ascending and their times (each size's trimmed
+    mean over repeats: the expected cost, which throughput pays). A size
     measured more than once (comm.json files merged from several world sizes) counts once."""
     raw: dict[tuple[str, int, int], dict[float, list[float]]] = {}
     for row in comm["measurements"]:
         key = (row["primitive"], int(row["workers"]), int(row.get("servers", 0)))
-        raw.setdefault(key, {}).setdefault(float(row["bytes"]), []).append(float(row["median_s"]))
+        cost = row.get("mean_s", row["median_s"])  # the trimmed mean where measured (newer comm.json)
+        raw.setdefault(key, {}).setdefault(float(row["bytes"]), []).append(float(cost))
     return {
         key: (sorted(by_size), [statistics.median(by_size[m]) for m in sorted(by_size)]) for key, by_size in raw.items()
     }
@@ -181,13 +183,16 @@ class CommCosts:
         def dist(f: dict[str, Any]) -> tuple[float, float]:
             return (abs(math.log(f["workers"] / workers)), abs(f.get("servers", 0) - servers))
 
-        best = min(cands, key=dist)
-        if not best.get("usable", True) and self.bw is None:
+        return min(cands, key=dist)
+
+    def _usable(self, f: dict[str, Any]) -> dict[str, Any]:
+        """The fit itself, unless it is flagged and no bandwidth replaces its beta."""
+        if not f.get("usable", True) and self.bw is None:
             raise CommModelError(
-                f"comm model: the {prim} fit for {best['workers']} workers is flagged "
-                f"({'; '.join(best['flags'])}); give a bandwidth to predict with"
+                f"comm model: the {f['primitive']} fit for {f['workers']} workers is flagged "
+                f"({'; '.join(f['flags'])}); give a bandwidth to predict with"
             )
-        return best
+        return f
 
     def allreduce(self, workers: int):
         """bytes -> seconds of a ring allreduce over `workers` ranks."""
@@ -198,10 +203,13 @@ class CommCosts:
             p = self._nearest("p2p", 2)
             if p is None:
                 raise CommModelError("comm model: no allreduce or p2p fits; run `ddlbench microbench`")
+            self._usable(p)
             alpha, beta, gamma = p["alpha_s"], p["beta_s_per_byte"], 0.0
         elif f["workers"] == workers and self.bw is None:
-            return _measured(f)
+            # The measurements themselves: usable where only noise spoiled the fitted line.
+            return _measured(f if _noisy_only(f) else self._usable(f))
         else:
+            self._usable(f)
             alpha, beta, gamma = f["alpha_s"], f["beta_s_per_byte"], max(f["gamma_s_per_byte"] or 0.0, 0.0)
         if self.bw is not None:
             beta = 1.0 / self.bw
@@ -216,28 +224,57 @@ class CommCosts:
         if (
             (f["primitive"], f["workers"], f.get("servers", 0)) == ("ps", workers, servers)
             and self.bw is None
-            and "measured_s" in f
+            and _noisy_only(f)
         ):
             # A measured round is 2N transfers of M/S bytes queued on one shard link.
             round_s = _measured(f)
             return lambda m: round_s(m * servers) / (2 * workers)
+        self._usable(f)
         alpha = f["alpha_s"]
         beta = 1.0 / self.bw if self.bw is not None else f["beta_s_per_byte"]
         return lambda m: alpha + m * beta
 
 
+def _noisy_only(f: dict[str, Any]) -> bool:
+    """Measurements to interpolate, and no flag beyond a line that noise made flat
+    (a fit faster than the link says the measurements themselves are suspect)."""
+    return "measured_s" in f and (f.get("usable", True) or f["beta_s_per_byte"] <= 0)
+
+
 def _measured(f: dict[str, Any]):
-    """bytes -> seconds: the measurements, interpolated; past the largest, its slope."""
+    """bytes -> seconds: the measurements, locally smoothed; past the largest, the fitted
+    slope, or for a flagged fit the slope from the smallest to the largest size."""
     a, b = f["intercept_s"], f["slope_s_per_byte"]
     if "measured_s" not in f:
         return lambda m: a + b * m
     sizes, times = np.asarray(f["sizes"], dtype=float), np.asarray(f["measured_s"], dtype=float)
     order = np.argsort(sizes)
     sizes, times = sizes[order], times[order]
+    if not f.get("usable", True) or b <= 0:
+        b = float((times[-1] - times[0]) / (sizes[-1] - sizes[0])) if len(sizes) > 1 else 0.0
 
     def cost(m: float) -> float:
         if m > sizes[-1]:
+            if b <= 0:
+                raise CommModelError(
+                    f"comm model: {m:.0f} B is past the largest {f['primitive']} size measured for "
+                    f"{f['workers']} workers ({sizes[-1]:.0f} B) and its fit is flagged "
+                    f"({'; '.join(f['flags'])}); measure larger messages or give a bandwidth"
+                )
             return float(times[-1] + (m - sizes[-1]) * b)
-        return float(np.interp(m, sizes, times))
+        return _local_linear(sizes, times, m)
 
     return cost
+
+
+def _local_linear(sizes: np.ndarray, times: np.ndarray, m: float, octaves: float = 1.0) -> float:
+    """The time at m from a line fitted to the measurements near m: each size weighted by a
+    Gaussian of its distance from m in octaves (and by 1/t, as in the global fit). It
+    follows a transport's bends in M that one line misses, while neighbouring sizes
+    average out the noise that a plain interpolation between two medians keeps."""
+    if len(sizes) == 1:
+        return float(times[0])
+    dist = (np.log2(sizes) - np.log2(max(m, 1.0))) / octaves
+    w = np.exp(-0.25 * dist**2) / np.maximum(times, 1e-12)  # sqrt of the Gaussian weight
+    coef, *_ = np.linalg.lstsq(np.stack([np.ones_like(sizes), sizes], axis=1) * w[:, None], times * w, rcond=None)
+    return float(max(coef[0] + coef[1] * m, 0.0))

@@ -3,8 +3,8 @@
 
 Reads OUT_DIR/microbench.json (workers, servers, sizes, repeats, timeout_s),
 written by `modelling.microbench.run_microbench`. Ranks 0..N-1 are workers,
-N..N+S-1 shards, as in training. Rank 0 times every operation (after a barrier,
-median over repeats) and writes OUT_DIR/comm.json.
+N..N+S-1 shards, as in training. Rank 0 times every operation (after a barrier;
+median and trimmed mean over repeats) and writes OUT_DIR/comm.json.
 """
 
 from __future__ import annotations
@@ -25,17 +25,40 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from modelling.fit import COMM_KIND
 
+_SCRATCH = torch.ones(64, 64)
 
-def _timed(op, repeats: int, group=None) -> list[float]:
-    """One untimed warm-up, then `repeats` timings, each started together after a barrier."""
+
+def _compute(seconds: float) -> None:
+    """Busy CPU work, as a training step does between its communications."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.mm(_SCRATCH, _SCRATCH)
+
+
+def _timed(op, repeats: int, gap_s: float = 0.0, group=None) -> list[float]:
+    """One untimed warm-up, then `repeats` timings. Each starts after a barrier and then
+    `gap_s` of computation on every rank: training reaches its communication from compute,
+    not from a barrier, and pays for what that costs (threads to wake, ranks that arrive
+    a little apart); a back-to-back loop on hot threads does not."""
     out = []
     for i in range(repeats + 1):
         dist.barrier(group=group)
+        _compute(gap_s)
         t0 = time.perf_counter()
         op()
         if i:
             out.append(time.perf_counter() - t0)
     return out
+
+
+def trimmed_mean(times: list[float], cut: float = 0.2) -> float:
+    """The mean without the fastest and slowest `cut` of the samples. The expected cost is
+    what throughput pays; trimming keeps one descheduled outlier from deciding it, while a
+    bimodal latency (a vCPU woken from idle, common on VMs) still counts in proportion,
+    where a median would flip between the modes from run to run."""
+    xs = sorted(times)
+    k = int(len(xs) * cut)
+    return statistics.fmean(xs[k : len(xs) - k] or xs)
 
 
 def _row(primitive: str, workers: int, servers: int, nbytes: int, times: list[float]) -> dict[str, Any]:
@@ -46,6 +69,7 @@ def _row(primitive: str, workers: int, servers: int, nbytes: int, times: list[fl
         "servers": servers,
         "bytes": nbytes,
         "median_s": statistics.median(times),
+        "mean_s": trimmed_mean(times),
         "spread_s": q[2] - q[0],
         "times_s": times,
     }
@@ -64,6 +88,7 @@ def _shards(numel: int, servers: int) -> list[tuple[int, int]]:
 def run(out: Path) -> int:
     spec = json.loads((out / "microbench.json").read_text())
     n, s, repeats = spec["workers"], spec["servers"], spec["repeats"]
+    gap = spec.get("gap_s", 0.002)
     timeout = timedelta(seconds=spec["timeout_s"])
     torch.set_num_threads(1)
     dist.init_process_group(backend="gloo", timeout=timeout)
@@ -74,13 +99,18 @@ def run(out: Path) -> int:
         numel = max(nbytes // 4, 1)
         buf = torch.ones(numel)
         if n > 1:
-            times = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None, repeats)
+            times = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None, repeats, gap)
             rows.append(_row("allreduce", n, 0, numel * 4, times))
-        times = _timed(lambda b=buf: _ping_pong(b, rank), repeats)
+        times = _timed(lambda b=buf: _ping_pong(b, rank), repeats, gap)
         rows.append(_row("p2p", 2, 0, numel * 4, [t / 2 for t in times]))
         if s:
-            times = _timed(lambda b=buf: _push_pull(b, rank, n, s, timeout), repeats)
+            # Receive buffers made once, as the trainer's are: a fresh large tensor per round
+            # would time the kernel's page faults and zeroing, not the transfer.
+            recv = _push_pull_buffers(numel, rank, n, s)
+            times = _timed(lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout), repeats, gap)
             rows.append(_row("ps", n, s, numel * 4, times))
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, platform.node())
     if rank == 0:
         comm = {
             "kind": COMM_KIND,
@@ -90,7 +120,7 @@ def run(out: Path) -> int:
             "repeats": repeats,
             "link_bytes_per_s": spec.get("link_bytes_per_s"),
             "measurements": rows,
-            "environment": _environment(n + s),
+            "environment": _environment(n + s) | {"hosts": len(set(hosts))},
         }
         (out / "comm.json").write_text(json.dumps(comm, indent=2))
     dist.destroy_process_group()
@@ -107,7 +137,15 @@ def _ping_pong(buf: torch.Tensor, rank: int) -> None:
         dist.send(buf, 0)
 
 
-def _push_pull(buf: torch.Tensor, rank: int, n: int, s: int, timeout: timedelta) -> None:
+def _push_pull_buffers(numel: int, rank: int, n: int, s: int) -> list[torch.Tensor]:
+    """A worker's pull buffer (the whole vector), or a shard's N push buffers."""
+    if rank < n:
+        return [torch.zeros(numel)]
+    a, b = _shards(numel, s)[rank - n]
+    return [torch.zeros(b - a) for _ in range(n)]
+
+
+def _push_pull(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int, s: int, timeout: timedelta) -> None:
     """One SSGD-PS round as training/ps.py does it: every worker pushes its slice to
     each shard and pulls it back; each shard receives all N, then sends to all N."""
     bounds = _shards(buf.numel(), s)
@@ -115,12 +153,12 @@ def _push_pull(buf: torch.Tensor, rank: int, n: int, s: int, timeout: timedelta)
         works = []
         for shard, (a, b) in enumerate(bounds):
             works.append(dist.isend(buf[a:b], n + shard))
-            works.append(dist.irecv(buf[a:b].clone(), n + shard))
+            works.append(dist.irecv(recv[0][a:b], n + shard))
         for w in works:
             w.wait(timeout)
         return
     a, b = bounds[rank - n]
-    slices = [torch.empty(b - a) for _ in range(n)]
+    slices = recv
     for w in [dist.irecv(slices[k], k) for k in range(n)]:
         w.wait(timeout)
     for w in [dist.isend(buf[a:b], k) for k in range(n)]:

@@ -59,6 +59,7 @@ def build_costs(
     comm_mode: str,
     batch_size: int | None = None,
     algorithm: str = "ssgd",
+    comm_on_cpu: bool = False,
 ) -> Costs:
     """Task durations for one world size; compute scales linearly to another batch size.
     Only SSGD waits for every worker every iteration, so only it pays for stragglers."""
@@ -79,7 +80,16 @@ def build_costs(
         allreduce_s=comm.allreduce(workers) if comm_mode == "allreduce" else (lambda _m: 0.0),
         transfer_s=comm.transfer(workers, servers) if comm_mode == "ps" else (lambda _m: 0.0),
         straggle_s=expected_straggle(samples, workers) * scale if algorithm == "ssgd" else 0.0,
+        comm_on_cpu=comm_on_cpu,
     )
+
+
+def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = None) -> bool:
+    """Whether the comm model was measured with every rank on one host and no link of known
+    rate between them: loopback, where moving bytes is CPU work that competes with compute.
+    A bandwidth what-if puts a real link in its place."""
+    env = comm_model.get("environment") or {}
+    return env.get("hosts") == 1 and comm_model.get("link_bytes_per_s") is None and bandwidth_bytes_per_s is None
 
 
 def _plan(
@@ -134,9 +144,11 @@ def predict_one(
     overlap: bool,
     bucket_mb: float,
     batch_size: int | None,
+    comm_on_cpu: bool = False,
+    host_cores: int | None = None,
 ) -> dict[str, Any]:
     servers = servers if comm_mode == "ps" else 0
-    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm)
+    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm, comm_on_cpu)
     iterations = ITERATIONS[(algorithm, comm_mode)]
     plan = _plan(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, iterations)
     sched = simulate(plan.dag)
@@ -145,6 +157,10 @@ def predict_one(
     iter_time = sum(periods[o] * m for o, m in plan.multiplicity.items()) / total
     batch = batch_size or layers["batch_size"]
     throughput = sum(m * batch / periods[o] for o, m in plan.multiplicity.items() if periods[o] > 0)
+    host_bound = host_cpu_bound(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, host_cores)
+    if host_bound > iter_time:  # the host's cores, not any one rank's tasks, set the pace
+        throughput *= iter_time / host_bound
+        iter_time = host_bound
     if comm_mode == "allreduce":
         # All buckets queue on the network: communication alone is their sum.
         comm_s = (
@@ -179,7 +195,37 @@ def predict_one(
         "comm_s": comm_s,
         "utilisation": {g: sum(v) / len(v) for g, v in sorted(groups.items())},
         "critical_path": _compact_path(plan, sched, critical_path(plan.dag, sched, ends[-1], t0)),
+        "host_cpu_bound_s": host_bound,
     }
+
+
+def host_cpu_bound(
+    c: Costs,
+    algorithm: str,
+    comm_mode: str,
+    workers: int,
+    servers: int,
+    overlap: bool,
+    bucket_mb: float,
+    host_cores: int | None,
+) -> float:
+    """On loopback every rank shares one host: an iteration cannot take less than the CPU
+    time all ranks spend in it over the cores they can use. Each rank runs on one core
+    at a time; a transfer keeps the CPUs at both of its ends busy (copies into and out
+    of the socket), a ring allreduce every rank's. 0 when comm is not on the CPU."""
+    if not c.comm_on_cpu or not host_cores:
+        return 0.0
+    per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s + c.pack_s + c.unpack_s
+    per_worker += c.update_s if (comm_mode == "allreduce" or algorithm == "odsgd") else 0.0
+    work = workers * per_worker
+    if comm_mode == "allreduce":
+        groups = comm_groups(c, overlap, int(bucket_mb * 1024 * 1024)) if workers > 1 else []
+        work += workers * sum(c.allreduce_s(nbytes) for _, nbytes in groups)
+    else:
+        shard = c.model_bytes / servers
+        work += 2 * 2 * workers * servers * c.transfer_s(int(shard))  # push and pull, two ends each
+        work += c.server_update_s if algorithm != "asgd" else workers * c.server_apply_s
+    return work / min(host_cores, workers + servers)
 
 
 def predict(
@@ -194,8 +240,10 @@ def predict(
     bucket_mb: float = 25.0,
     overlap: bool = True,
     batch_size: int | None = None,
+    comm_on_cpu: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """One prediction per world size in `workers`. bucket_mb <= 0 means per-layer WFBP."""
+    """One prediction per world size in `workers`. bucket_mb <= 0 means per-layer WFBP.
+    comm_on_cpu: transfers hold the CPUs at their ends (None: when the comm model is loopback)."""
     _check(algorithm, comm_mode, servers)
     check_layers(layers)
     if any(n < 1 for n in workers):
@@ -212,6 +260,8 @@ def predict(
             overlap=overlap,
             bucket_mb=bucket_mb,
             batch_size=batch_size,
+            comm_on_cpu=loopback(comm_model, bandwidth_bytes_per_s) if comm_on_cpu is None else comm_on_cpu,
+            host_cores=(comm_model.get("environment") or {}).get("cpu_count"),
         )
         for n in workers
     ]
@@ -229,6 +279,7 @@ def predicted_timeline(
     bucket_mb: float = 25.0,
     overlap: bool = True,
     batch_size: int | None = None,
+    comm_on_cpu: bool | None = None,
 ) -> list[dict[str, Any]]:
     """The simulated schedule as timeline records (training/timeline.py's format):
     one record per worker (class) and step, and per server shard and step."""
@@ -236,7 +287,9 @@ def predicted_timeline(
     check_layers(layers)
     servers = servers if comm_mode == "ps" else 0
     comm = CommCosts(comm_model, bandwidth_bytes_per_s)
-    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm)
+    if comm_on_cpu is None:
+        comm_on_cpu = loopback(comm_model, bandwidth_bytes_per_s)
+    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm, comm_on_cpu)
     plan = _plan(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, ITERATIONS[(algorithm, comm_mode)])
     sched = simulate(plan.dag)
     return _records(plan, sched)

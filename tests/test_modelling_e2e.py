@@ -37,9 +37,10 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
 
     from training.models import build_model
 
-    comm = run_microbench(2, 0, tmp_path / "mb", sizes=[4096, 1 << 20], repeats=2)
+    sizes = [4096, 1 << 20, 4 << 20]  # lenet5's 246 KB lie within them
+    comm = run_microbench(2, 0, tmp_path / "mb", sizes=sizes, repeats=2)
     prims = {(m["primitive"], m["bytes"]) for m in comm["measurements"]}
-    assert prims == {(p, b) for p in ("allreduce", "p2p") for b in (4096, 1 << 20)}
+    assert prims == {(p, b) for p in ("allreduce", "p2p") for b in sizes}
     assert all(m["median_s"] > 0 and len(m["times_s"]) == 2 for m in comm["measurements"])
     model = fit_comm(comm)
     assert {f["primitive"] for f in model["fits"]} == {"allreduce", "p2p"}

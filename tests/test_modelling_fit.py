@@ -87,6 +87,24 @@ def test_a_fit_faster_than_the_link_is_flagged_and_not_used() -> None:
     assert CommCosts(model, 1.25e9).transfer(4, 1)(1.25e9) == pytest.approx(1.0, rel=1e-3)
 
 
+def test_a_flat_noisy_fit_is_flagged_but_its_measurements_still_interpolate() -> None:
+    # Small sizes on a noisy host: allreduce time that falls with size fits a negative beta.
+    comm = synthetic_comm(20e-6, 1e-9, 0.0)
+    comm["measurements"] = [r for r in comm["measurements"] if r["primitive"] == "allreduce"][:2]
+    comm["measurements"][0]["median_s"], comm["measurements"][1]["median_s"] = 3e-4, 2e-4
+    ar = _fit(fit_comm(comm), "allreduce")
+    assert not ar["usable"] and "not positive" in ar["flags"][-1]
+    cost = CommCosts(fit_comm(comm)).allreduce(4)
+    # Within the sizes measured, the measurements themselves (interpolated) ...
+    assert cost(SIZES[0]) == pytest.approx(3e-4) and cost((SIZES[0] + SIZES[1]) / 2) == pytest.approx(2.5e-4)
+    # ... past them, no line to extrapolate along: a clear error, not a silent guess.
+    with pytest.raises(CommModelError, match="past the largest allreduce size"):
+        cost(SIZES[1] * 2)
+    # Another world size needs the fitted constants: refused.
+    with pytest.raises(CommModelError, match="flagged"):
+        CommCosts(fit_comm(comm)).allreduce(8)
+
+
 def test_a_negative_alpha_is_flagged_and_refitted_at_zero() -> None:
     comm = synthetic_comm(0.0, 1e-9, 0.0)
     for row in comm["measurements"]:
