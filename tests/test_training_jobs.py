@@ -29,9 +29,10 @@ STEPS = 150
     [
         {"algorithm": "ssgd", "comm": "allreduce"},
         {"algorithm": "ssgd", "comm": "ps", "servers": 1},
-        # Plain SGD on the server (no momentum): a larger step than lr / N, and more
-        # steps, since arrival order (and so the trajectory) varies from run to run.
-        {"algorithm": "asgd", "servers": 1, "lr_async": 0.2, "steps": 300},
+        # Plain SGD on the server (no momentum), so more steps; arrival order (and so the
+        # trajectory) varies from run to run. Stale gradients at lr_async 0.3 left lenet5
+        # dead at chance in 2 of 3 runs, and 0.2 once in CI; 0.1 leaves the plateau by ~100.
+        {"algorithm": "asgd", "servers": 1, "lr_async": 0.1, "steps": 300},
         {"algorithm": "odsgd", "servers": 1, "warmup_steps": 5},
     ],
     ids=["ssgd-allreduce", "ssgd-ps", "asgd", "odsgd"],
