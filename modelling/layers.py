@@ -74,3 +74,46 @@ def write_layers(layers: dict[str, Any], out_dir: Path) -> Path:
     path.write_text(json.dumps(layers, indent=2))
     (out_dir / "layers.txt").write_text(format_table(layers))
     return path
+
+
+_POOLED_SCALARS = ("update_s", "data_s", "pack_s", "unpack_s", "server_update_s", "server_add_s")
+
+
+def pool_layers(tables: list[dict[str, Any]]) -> dict[str, Any]:
+    """One layer table from several profiles of the same model and batch size, taken at
+    different times: each time is the median over the profiles, so one profile taken
+    while the host was slow (a busy neighbour, CPU steal) does not decide a prediction.
+    Whole-iteration samples keep each profile's jitter around its own median (what a
+    barrier waits for) but not the drift between profiles, which both workers share."""
+    import statistics
+
+    if not tables:
+        raise LayersError("layers: nothing to pool")
+    first = check_layers(tables[0])
+    for i, t in enumerate(tables[1:], 1):
+        check_layers(t, f"layers[{i}]")
+        same = (t["model"], t["batch_size"], [r["name"] for r in t["layers"]])
+        if same != (first["model"], first["batch_size"], [r["name"] for r in first["layers"]]):
+            raise LayersError(
+                f"layers[{i}]: profiles {t['model']} at batch {t['batch_size']}, not "
+                f"{first['model']} at batch {first['batch_size']} with the same layers; only like tables pool"
+            )
+    pooled = dict(first)
+    pooled["layers"] = [
+        dict(
+            row,
+            fwd_s=statistics.median(t["layers"][i]["fwd_s"] for t in tables),
+            bwd_s=statistics.median(t["layers"][i]["bwd_s"] for t in tables),
+        )
+        for i, row in enumerate(first["layers"])
+    ]
+    for key in _POOLED_SCALARS:
+        values = [t[key] for t in tables if key in t]
+        if values:
+            pooled[key] = statistics.median(values)
+    samples = [t.get("iteration_samples_s") or [] for t in tables]
+    if all(samples):
+        centre = statistics.median(statistics.median(s) for s in samples)
+        pooled["iteration_samples_s"] = [x / statistics.median(s) * centre for s in samples for x in s]
+    pooled["pooled_profiles"] = len(tables)
+    return pooled

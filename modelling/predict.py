@@ -215,7 +215,10 @@ def host_cpu_bound(
     of the socket), a ring allreduce every rank's. 0 when comm is not on the CPU."""
     if not c.comm_on_cpu or not host_cores:
         return 0.0
-    per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s + c.pack_s + c.unpack_s
+    per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s
+    if comm_mode == "ps" or workers > 1:  # one allreduce worker has nothing to copy
+        per_worker += c.unpack_s
+        per_worker += c.pack_s if (comm_mode == "ps" or not overlap) else 0.0  # DDP fills buckets in backward
     per_worker += c.update_s if (comm_mode == "allreduce" or algorithm == "odsgd") else 0.0
     work = workers * per_worker
     if comm_mode == "allreduce":

@@ -377,7 +377,30 @@ def validate(
         ],
         "validation",
     )
-    click.echo(f"median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%}")
+    repeated = [c for c in result["configs"] if c["repeats"] > 1]
+    if repeated:
+        _print_rows(
+            ["model", "algorithm", "comm", "N", "S", "repeats", "predicted ms", "measured ms (median)", "error"],
+            [
+                [
+                    c["model"],
+                    c["algorithm"],
+                    c["comm"],
+                    c["workers"],
+                    c["servers"],
+                    c["repeats"],
+                    f"{c['predicted_iter_s'] * 1e3:.2f}",
+                    f"{c['measured_iter_s'] * 1e3:.2f}",
+                    f"{c['error']:+.1%}",
+                ]
+                for c in result["configs"]
+            ],
+            "per configuration (repeats as their median)",
+        )
+    click.echo(
+        f"median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%} "
+        f"over {len(result['configs'])} configurations"
+    )
 
 
 def _print_rows(header: list[str], rows: list[list[Any]], title: str) -> None:
