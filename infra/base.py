@@ -72,13 +72,22 @@ class JobResult:
 
 def failed_ranks_from_log(text: str) -> list[dict]:
     """torchrun's failure summary names each failed rank and its exit code; without
-    it (the job was ended early), its agent's 'failed (exitcode ...)' lines do."""
-    marker = text.rfind("Root Cause")
+    it (the job was ended early), its agent's 'failed (exitcode ...)' lines do.
+
+    Every failed rank is listed, the ones the agent stopped (SIGTERM) last: torchrun's
+    "root cause" is the earliest timestamp, and a rank that raised on a dead peer's
+    connection reports before the agent notices the peer killed outright."""
+    marker = text.rfind("Failures:")
+    marker = marker if marker >= 0 else text.rfind("Root Cause")
     section = text[marker:] if marker >= 0 else ""
     found = [(int(m.group(1)), int(m.group(2))) for m in
              re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\)\s*\n\s*exitcode\s*:\s*(-?\d+)", section)]
-    if not found:
-        found = list(dict.fromkeys((int(m.group(2)), int(m.group(1))) for m in _RANK_FAILED.finditer(text)))
+    if not found:  # the agent's lines give local ranks: the global ones only on one node
+        found = [(int(m.group(2)), int(m.group(1))) for m in _RANK_FAILED.finditer(text)]
+    first: dict[int, int] = {}
+    for rank, code in found:
+        first.setdefault(rank, code)
+    found = sorted(first.items(), key=lambda rc: rc[1] == -signal.SIGTERM)  # stable: summary order otherwise
     out = []
     for rank, code in found:
         info = {"rank": rank, "exitcode": code}
