@@ -6,8 +6,9 @@ model (lenet5 on digits) and a communication-bound one (mlp on synthetic
 times, the repeats interleaved so that a slow spell of the host falls on all
 configurations alike. A layer profile is taken after every run, with as many
 concurrent processes as the run has workers, and the model's profiles are
-pooled (modelling.layers.pool_layers); the comm model comes from one
-microbenchmark on the same provider. Prints predicted vs measured iteration
+pooled (modelling.layers.pool_layers). The comm model comes from a
+microbenchmark on the same provider, one per model, whose ranks compute for as
+long as the model's iteration before each timed operation. Prints predicted vs measured iteration
 time per configuration (measured: the median over repeats of each run's median
 iteration, DESIGN §4) and the median and worst absolute error against the 10%
 target.
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from infra.local import LocalProvider
 from modelling.fit import fit_comm
-from modelling.layers import load_layers, pool_layers, write_layers
+from modelling.layers import pool_layers, write_layers
 from modelling.microbench import run_microbench
 from modelling.profiler import profile_layers
 from modelling.validate import validate_runs
@@ -58,11 +59,28 @@ def main() -> None:
     t0 = time.monotonic()
     load_before = os.getloadavg()
     provider = LocalProvider()
-    comm = run_microbench(
-        WORKERS, 1, out / "microbench", provider=provider, sizes=[4096 * 2**i for i in range(14)], repeats=15
-    )
-    model = fit_comm(comm)
-    (out / "model.json").write_text(json.dumps(model, indent=2))
+    profile_processes = {"world": WORKERS + 1, "workers": WORKERS}[args.profile_processes]
+    comm_models: dict[str, dict] = {}
+    profiles: dict[str, list[dict]] = {}
+    for name, dataset in MODELS:
+        # Communication costs more after a longer stretch of computation (cold caches, idle
+        # threads to wake), so each model's microbenchmark computes for as long between
+        # operations as the model's iteration does.
+        first = profile_layers(name, BATCH, dataset=dataset, processes=profile_processes, repeats=20)
+        profiles[name] = [first]
+        gap = statistics.median(first["iteration_samples_s"])
+        comm = run_microbench(
+            WORKERS,
+            1,
+            out / f"microbench-{name}",
+            provider=provider,
+            sizes=[4096 * 2**i for i in range(14)],
+            repeats=15,
+            gap_s=gap,
+        )
+        comm_models[name] = fit_comm(comm)
+        (out / f"model-{name}.json").write_text(json.dumps(comm_models[name], indent=2))
+        print(f"{name}: microbenchmark with {gap * 1e3:.1f} ms of computation before each operation")
     runs: dict[str, list[Path]] = {name: [] for name, _ in MODELS}
     for repeat in range(args.repeats):
         for name, dataset in MODELS:
@@ -82,20 +100,24 @@ def main() -> None:
                     "bench",
                 )
                 launch(cfg, run, provider, timeout_s=600, echo=False)
-                profiled = profile_layers(
-                    name,
-                    BATCH,
-                    dataset=dataset,
-                    processes=WORKERS + (servers if args.profile_processes == "world" else 0),
-                    repeats=20,
-                )
+                profiled = profile_layers(name, BATCH, dataset=dataset, processes=profile_processes, repeats=20)
                 write_layers(profiled, run / "own")
+                profiles[name].append(profiled)
                 runs[name].append(run)
-    for dirs in runs.values():  # every run of a model predicted from its pooled profile
-        pooled = pool_layers([load_layers(d / "own" / "layers.json") for d in dirs])
+    parts = []
+    for name, dirs in runs.items():  # every run of a model predicted from its pooled profile
+        pooled = pool_layers(profiles[name])
         for d in dirs:
             write_layers(pooled, d)
-    result = validate_runs([d for dirs in runs.values() for d in dirs], comm_model=model)
+        parts.append(validate_runs(dirs, comm_model=comm_models[name]))
+    configs = [c for part in parts for c in part["configs"]]
+    errors = [abs(c["error"]) for c in configs]
+    result = {
+        "runs": [r for part in parts for r in part["runs"]],
+        "configs": configs,
+        "median_abs_error": statistics.median(errors),
+        "worst_abs_error": max(errors),
+    }
     print(f"{'configuration':<24} {'repeats':>7} {'predicted ms':>13} {'measured ms':>12} {'error':>8}  per run")
     per_run = {r["run"]: r for r in result["runs"]}
     for c in result["configs"]:

@@ -32,9 +32,11 @@ def run_microbench(
     repeats: int = 5,
     timeout_s: float = 600,
     link_bytes_per_s: float | None = None,
+    gap_s: float = 0.002,
     echo: bool = False,
 ) -> dict[str, Any]:
-    """Measure, write out_dir/comm.json and return its content."""
+    """Measure, write out_dir/comm.json and return its content. Every timed operation
+    follows `gap_s` of computation on every rank, as a training step's communication does."""
     from infra import Job
 
     sizes = sorted(sizes or DEFAULT_SIZES)
@@ -46,6 +48,8 @@ def run_microbench(
         raise ValueError(f"sizes: need two or more message sizes of at least 4 bytes, got {sizes}")
     if repeats < 1:
         raise ValueError(f"repeats: must be at least 1, got {repeats}")
+    if not 0 <= gap_s <= 10:
+        raise ValueError(f"gap_s: the computation before each operation must be 0-10 s, got {gap_s}")
     if provider is None:
         from infra.local import LocalProvider
 
@@ -58,6 +62,7 @@ def run_microbench(
         "repeats": repeats,
         "timeout_s": timeout_s,
         "link_bytes_per_s": link_bytes_per_s,
+        "gap_s": gap_s,
     }
     (out_dir / "microbench.json").write_text(json.dumps(spec, indent=2))
     (out_dir / "comm.json").unlink(missing_ok=True)

@@ -119,6 +119,7 @@ def run(out: Path) -> int:
             "sizes": spec["sizes"],
             "repeats": repeats,
             "link_bytes_per_s": spec.get("link_bytes_per_s"),
+            "gap_s": gap,
             "measurements": rows,
             "environment": _environment(n + s) | {"hosts": len(set(hosts))},
         }
