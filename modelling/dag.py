@@ -41,9 +41,12 @@ class Costs:
     straggle_s: float = 0.0  # a barrier's expected wait for the slowest of the N workers
     allreduce_s: Callable[[int], float] = lambda _m: 0.0  # bytes -> seconds, for this N
     transfer_s: Callable[[int], float] = lambda _m: 0.0  # one push or pull of m bytes to a shard
-    # Loopback: every rank on one host, where a transfer is memory copies by the CPUs of
-    # its two ends, so it holds their compute as well as their links (nothing overlaps).
+    # Loopback: every rank on one host, where moving bytes is memory copies by the CPUs of
+    # a transfer's two ends: that part holds their compute as well as their links. The
+    # rest of a transfer (latency: waiting for a peer, waking a thread) leaves the CPU free.
     comm_on_cpu: bool = False
+    allreduce_cpu_s: Callable[[int], float] | None = None  # the copying part; None: all of it
+    transfer_cpu_s: Callable[[int], float] | None = None
 
     @property
     def model_bytes(self) -> int:
@@ -57,6 +60,26 @@ class Plan:
     dag: Dag
     iteration_ends: dict[str, list[int]]  # worker owner -> the task ending each step
     multiplicity: dict[str, int] = field(default_factory=dict)
+
+
+def comm_task(
+    dag: Dag,
+    name: str,
+    duration: float,
+    cpu_s: float | None,
+    links: tuple[str, ...],
+    cpus: tuple[str, ...],
+    deps,
+    **kw,
+) -> int:
+    """A transfer on its links; on loopback (cpus given) its copying part, cpu_s of the
+    duration (None: all of it), also holds those CPUs, after the latency part."""
+    if not cpus:
+        return dag.add(name, duration, links, deps, **kw)
+    cpu = duration if cpu_s is None else min(max(cpu_s, 0.0), duration)
+    if cpu < duration:
+        deps = (dag.add(name, duration - cpu, links, deps, **kw),)
+    return dag.add(name, cpu, links + cpus, deps, **kw)
 
 
 def ddp_buckets(
@@ -91,7 +114,8 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
     """SSGD-allreduce on one representative worker. bucket_bytes <= 0: per-layer WFBP."""
     dag = Dag()
     w, cpu, net, loader = "worker0", "worker0.compute", "network", "worker0.loader"
-    wire = (net, cpu) if c.comm_on_cpu else (net,)
+    cpus = (cpu,) if c.comm_on_cpu else ()
+    ar_cpu = c.allreduce_cpu_s or (lambda _m: None)
     n_layers = len(c.fwd)
     ends: list[int] = []
     prev_update: int | None = None
@@ -113,16 +137,28 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
         before_update = last
         if groups and not overlap:
             pack = dag.add("pack", c.pack_s, (cpu,), (last,), kind="backward", owner=w, step=t)
-            prev_comm = dag.add(
-                "allreduce", c.allreduce_s(c.model_bytes), wire, (pack, prev_comm), kind="allreduce", owner=w, step=t
+            prev_comm = comm_task(
+                dag,
+                "allreduce",
+                c.allreduce_s(c.model_bytes),
+                ar_cpu(c.model_bytes),
+                (net,),
+                cpus,
+                (pack, prev_comm),
+                kind="allreduce",
+                owner=w,
+                step=t,
             )
             before_update = prev_comm
         elif groups:
             for j, (ready_layer, nbytes) in enumerate(groups):
-                prev_comm = dag.add(
+                prev_comm = comm_task(
+                    dag,
                     f"c{j}",
                     c.allreduce_s(nbytes),
-                    wire,
+                    ar_cpu(nbytes),
+                    (net,),
+                    cpus,
                     (done_at[ready_layer], prev_comm),
                     kind="allreduce",
                     owner=w,
@@ -174,6 +210,9 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
             return ()
         return (f"{w}.compute",) if s is None else (f"{w}.compute", f"server{s}.compute")
 
+    def copy_s(m: int, times: float) -> float | None:
+        return None if c.transfer_cpu_s is None else times * c.transfer_cpu_s(m)
+
     for t in range(iterations):
         packs = []
         for k, w in enumerate(owners):
@@ -191,11 +230,15 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
                 for s in range(servers):
                     # One pass of the shard's serial loop: receive, apply, reply.
                     serve = mult[k] * (2 * c.transfer_s(shard_bytes[s]) + c.server_apply_s / servers)
+                    copies = copy_s(shard_bytes[s], 2 * mult[k])
                     pulls[k].append(
-                        dag.add(
+                        comm_task(
+                            dag,
                             f"push-apply-pull s{s}",
                             serve,
-                            (f"{w}.link", f"server{s}.link", f"server{s}.compute", *cpu_of(w)),
+                            None if copies is None else copies + mult[k] * c.server_apply_s / servers,
+                            (f"{w}.link", f"server{s}.link", f"server{s}.compute"),
+                            cpu_of(w),
                             (packs[k],),
                             kind="comm",
                             owner=w,
@@ -206,10 +249,13 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
             for s in range(servers):
                 pushes = []
                 for k, w in enumerate(owners):
-                    push = dag.add(
+                    push = comm_task(
+                        dag,
                         f"push s{s}",
                         mult[k] * c.transfer_s(shard_bytes[s]),
-                        (f"{w}.link", f"server{s}.link", *cpu_of(w, s)),
+                        copy_s(shard_bytes[s], mult[k]),
+                        (f"{w}.link", f"server{s}.link"),
+                        cpu_of(w, s),
                         (packs[k], shard_free[s]),
                         kind="comm",
                         owner=w,
@@ -228,10 +274,13 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
                 )
                 shard_pulls = []
                 for k, w in enumerate(owners):
-                    pull = dag.add(
+                    pull = comm_task(
+                        dag,
                         f"pull s{s}",
                         mult[k] * c.transfer_s(shard_bytes[s]),
-                        (f"{w}.link", f"server{s}.link", *cpu_of(w, s)),
+                        copy_s(shard_bytes[s], mult[k]),
+                        (f"{w}.link", f"server{s}.link"),
+                        cpu_of(w, s),
                         (update,),
                         kind="comm",
                         owner=w,
@@ -272,4 +321,6 @@ def without_compute(c: Costs) -> Costs:
         allreduce_s=c.allreduce_s,
         transfer_s=c.transfer_s,
         comm_on_cpu=c.comm_on_cpu,
+        allreduce_cpu_s=c.allreduce_cpu_s,
+        transfer_cpu_s=c.transfer_cpu_s,
     )

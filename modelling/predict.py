@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from modelling.dag import (
     comm_groups,
     without_compute,
 )
-from modelling.fit import CommCosts
+from modelling.fit import CommCosts, CommModelError
 from modelling.layers import check_layers
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 
@@ -65,6 +66,8 @@ def build_costs(
     Only SSGD waits for every worker every iteration, so only it pays for stragglers."""
     scale = batch_size / layers["batch_size"] if batch_size else 1.0
     samples = layers.get("iteration_samples_s") or []
+    allreduce = comm.allreduce(workers) if comm_mode == "allreduce" else (lambda _m: 0.0)
+    transfer = comm.transfer(workers, servers) if comm_mode == "ps" else (lambda _m: 0.0)
     rows = layers["layers"]
     return Costs(
         fwd=[r["fwd_s"] * scale for r in rows],
@@ -77,11 +80,25 @@ def build_costs(
         unpack_s=layers.get("unpack_s", 0.0),
         server_update_s=layers.get("server_update_s", 0.0) + (workers - 1) * layers.get("server_add_s", 0.0),
         server_apply_s=layers.get("server_add_s", 0.0),
-        allreduce_s=comm.allreduce(workers) if comm_mode == "allreduce" else (lambda _m: 0.0),
-        transfer_s=comm.transfer(workers, servers) if comm_mode == "ps" else (lambda _m: 0.0),
+        allreduce_s=allreduce,
+        transfer_s=transfer,
+        allreduce_cpu_s=copying_part(allreduce) if comm_on_cpu else None,
+        transfer_cpu_s=copying_part(transfer) if comm_on_cpu else None,
         straggle_s=expected_straggle(samples, workers) * scale if algorithm == "ssgd" else 0.0,
         comm_on_cpu=comm_on_cpu,
     )
+
+
+def copying_part(cost: Callable[[int], float]) -> Callable[[int], float]:
+    """bytes -> the seconds of a transfer that grow with its size: the copying a CPU does
+    (the asymptotic per-byte cost, from the cost past 64 MiB, times the bytes). What is
+    left of the cost (its latency) is waiting, not work."""
+    big = 1 << 26
+    try:
+        per_byte = max((cost(2 * big) - cost(big)) / big, 0.0)
+    except CommModelError:  # no slope to extrapolate along: count all of it as copying
+        return cost
+    return lambda m: min(cost(m), m * per_byte)
 
 
 def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = None) -> bool:
@@ -211,8 +228,8 @@ def host_cpu_bound(
 ) -> float:
     """On loopback every rank shares one host: an iteration cannot take less than the CPU
     time all ranks spend in it over the cores they can use. Each rank runs on one core
-    at a time; a transfer keeps the CPUs at both of its ends busy (copies into and out
-    of the socket), a ring allreduce every rank's. 0 when comm is not on the CPU."""
+    at a time; a transfer's copying keeps the CPUs at both of its ends busy (into and out
+    of the socket), a ring allreduce's every rank's. 0 when comm is not on the CPU."""
     if not c.comm_on_cpu or not host_cores:
         return 0.0
     per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s
@@ -223,10 +240,12 @@ def host_cpu_bound(
     work = workers * per_worker
     if comm_mode == "allreduce":
         groups = comm_groups(c, overlap, int(bucket_mb * 1024 * 1024)) if workers > 1 else []
-        work += workers * sum(c.allreduce_s(nbytes) for _, nbytes in groups)
+        copying = c.allreduce_cpu_s or c.allreduce_s
+        work += workers * sum(copying(nbytes) for _, nbytes in groups)
     else:
         shard = c.model_bytes / servers
-        work += 2 * 2 * workers * servers * c.transfer_s(int(shard))  # push and pull, two ends each
+        copying = c.transfer_cpu_s or c.transfer_s
+        work += 2 * 2 * workers * servers * copying(int(shard))  # push and pull, two ends each
         work += c.server_update_s if algorithm != "asgd" else workers * c.server_apply_s
     return work / min(host_cores, workers + servers)
 
