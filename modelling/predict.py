@@ -101,12 +101,18 @@ def copying_part(cost: Callable[[int], float]) -> Callable[[int], float]:
     return lambda m: min(cost(m), m * per_byte)
 
 
-def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = None) -> bool:
+def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = None, ranks: int = 0) -> bool:
     """Whether the comm model was measured with every rank on one host and no link of known
     rate between them: loopback, where moving bytes is CPU work that competes with compute.
-    A bandwidth what-if puts a real link in its place."""
+    A bandwidth what-if puts a real link in its place, and a world of more ranks than were
+    measured on the host is taken to span more hosts like it."""
     env = comm_model.get("environment") or {}
-    return env.get("hosts") == 1 and comm_model.get("link_bytes_per_s") is None and bandwidth_bytes_per_s is None
+    return (
+        env.get("hosts") == 1
+        and comm_model.get("link_bytes_per_s") is None
+        and bandwidth_bytes_per_s is None
+        and ranks <= env.get("world_size", ranks)
+    )
 
 
 def _plan(
@@ -282,7 +288,11 @@ def predict(
             overlap=overlap,
             bucket_mb=bucket_mb,
             batch_size=batch_size,
-            comm_on_cpu=loopback(comm_model, bandwidth_bytes_per_s) if comm_on_cpu is None else comm_on_cpu,
+            comm_on_cpu=(
+                loopback(comm_model, bandwidth_bytes_per_s, n + (servers if comm_mode == "ps" else 0))
+                if comm_on_cpu is None
+                else comm_on_cpu
+            ),
             host_cores=(comm_model.get("environment") or {}).get("cpu_count"),
         )
         for n in workers
@@ -310,7 +320,7 @@ def predicted_timeline(
     servers = servers if comm_mode == "ps" else 0
     comm = CommCosts(comm_model, bandwidth_bytes_per_s)
     if comm_on_cpu is None:
-        comm_on_cpu = loopback(comm_model, bandwidth_bytes_per_s)
+        comm_on_cpu = loopback(comm_model, bandwidth_bytes_per_s, workers + servers)
     costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm, comm_on_cpu)
     plan = _plan(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, ITERATIONS[(algorithm, comm_mode)])
     sched = simulate(plan.dag)

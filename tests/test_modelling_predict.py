@@ -263,7 +263,7 @@ def test_the_straggler_term_is_the_expected_maximum_of_n_iterations() -> None:
             assert calm["iter_time_s"] + 0.5 * wait < late["iter_time_s"] <= calm["iter_time_s"] + wait + 1e-9
 
 
-LOOPBACK = {**COMM, "environment": {"hosts": 1, "cpu_count": 2}, "link_bytes_per_s": None}
+LOOPBACK = {**COMM, "environment": {"hosts": 1, "cpu_count": 2, "world_size": 5}, "link_bytes_per_s": None}
 
 
 def test_on_loopback_copying_holds_the_cpu_so_only_latency_overlaps() -> None:
@@ -307,3 +307,12 @@ def test_on_loopback_the_host_cores_bound_the_iteration() -> None:
 def test_on_loopback_one_worker_is_its_compute() -> None:
     [one] = predict(TOY, LOOPBACK, algorithm="ssgd", comm_mode="allreduce", workers=[1])
     assert one["iter_time_s"] == pytest.approx(one["compute_s"]) and one["comm_s"] == 0.0
+
+
+def test_past_the_ranks_measured_on_one_host_a_world_spans_more_hosts() -> None:
+    # Measured with 5 ranks on one host: 64 workers are 64 hosts' worth, not 64 processes
+    # on 2 cores, so neither the copying on the CPU nor the host's cores apply.
+    small, big = predict(TOY, LOOPBACK, algorithm="ssgd", comm_mode="ps", workers=[4, 64], servers=1)
+    assert small["host_cpu_bound_s"] > 0 and big["host_cpu_bound_s"] == 0.0
+    [same] = predict(TOY, LOOPBACK, algorithm="ssgd", comm_mode="ps", workers=[64], servers=1, comm_on_cpu=False)
+    assert big["iter_time_s"] == same["iter_time_s"]
