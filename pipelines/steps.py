@@ -552,7 +552,7 @@ def validate(ctx: dict, trained: list[dict]) -> dict:
 
         configs = {e["run_dir"]: json.loads(Path(e["run_dir"], "config.json").read_text()) for e in done}
         runs: list[dict[str, Any]] = []
-        configs: list[dict[str, Any]] = []
+        per_config: list[dict[str, Any]] = []
         for wl in spec.workloads:
             for batch in spec.batch_sizes:
                 dirs = [
@@ -569,12 +569,12 @@ def validate(ctx: dict, trained: list[dict]) -> dict:
                         return {"validation": None, "skipped": True, "reason": str(err),
                                 "median_abs_error": None, "worst_abs_error": None}
                     runs += [{**r, "run": Path(str(r["run"])).name} for r in res["runs"]]
-                    configs += res["configs"]
+                    per_config += res["configs"]
         # Repeats of a configuration count once, as their median (DESIGN §4).
-        errors = [abs(c["error"]) for c in configs if c.get("error") is not None]
+        errors = [abs(c["error"]) for c in per_config if c.get("error") is not None]
         result = {
             "runs": runs,
-            "configs": configs,
+            "configs": per_config,
             "median_abs_error": statistics.median(errors) if errors else None,
             "worst_abs_error": max(errors) if errors else None,
         }
