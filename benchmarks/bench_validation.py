@@ -31,7 +31,7 @@ from modelling.fit import fit_comm
 from modelling.layers import pool_layers, write_layers
 from modelling.microbench import run_microbench
 from modelling.profiler import profile_layers
-from modelling.validate import validate_runs
+from modelling.validate import summarise, validate_runs
 from pipelines.launch import launch, prepare
 
 MODELS = [("lenet5", "digits"), ("mlp", "synthetic")]
@@ -104,20 +104,13 @@ def main() -> None:
                 write_layers(profiled, run / "own")
                 profiles[name].append(profiled)
                 runs[name].append(run)
-    parts = []
+    rows = []
     for name, dirs in runs.items():  # every run of a model predicted from its pooled profile
         pooled = pool_layers(profiles[name])
         for d in dirs:
             write_layers(pooled, d)
-        parts.append(validate_runs(dirs, comm_model=comm_models[name]))
-    configs = [c for part in parts for c in part["configs"]]
-    errors = [abs(c["error"]) for c in configs]
-    result = {
-        "runs": [r for part in parts for r in part["runs"]],
-        "configs": configs,
-        "median_abs_error": statistics.median(errors),
-        "worst_abs_error": max(errors),
-    }
+        rows += validate_runs(dirs, comm_model=comm_models[name])["runs"]
+    result = summarise(rows)
     print(f"{'configuration':<24} {'repeats':>7} {'predicted ms':>13} {'measured ms':>12} {'error':>8}  per run")
     per_run = {r["run"]: r for r in result["runs"]}
     for c in result["configs"]:

@@ -6,6 +6,7 @@ Kept apart from the profiler so that predicting never imports torch.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,6 @@ def pool_layers(tables: list[dict[str, Any]]) -> dict[str, Any]:
     while the host was slow (a busy neighbour, CPU steal) does not decide a prediction.
     Whole-iteration samples keep each profile's jitter around its own median (what a
     barrier waits for) but not the drift between profiles, which both workers share."""
-    import statistics
-
     if not tables:
         raise LayersError("layers: nothing to pool")
     first = check_layers(tables[0])

@@ -88,7 +88,7 @@ def _shards(numel: int, servers: int) -> list[tuple[int, int]]:
 def run(out: Path) -> int:
     spec = json.loads((out / "microbench.json").read_text())
     n, s, repeats = spec["workers"], spec["servers"], spec["repeats"]
-    gap = spec.get("gap_s", 0.002)
+    gap = spec["gap_s"]
     timeout = timedelta(seconds=spec["timeout_s"])
     torch.set_num_threads(1)
     dist.init_process_group(backend="gloo", timeout=timeout)
@@ -159,8 +159,7 @@ def _push_pull(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int, s
             w.wait(timeout)
         return
     a, b = bounds[rank - n]
-    slices = recv
-    for w in [dist.irecv(slices[k], k) for k in range(n)]:
+    for w in [dist.irecv(recv[k], k) for k in range(n)]:
         w.wait(timeout)
     for w in [dist.isend(buf[a:b], k) for k in range(n)]:
         w.wait(timeout)

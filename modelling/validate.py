@@ -112,14 +112,18 @@ def validate_runs(
     and worst absolute error are over configurations."""
     if not run_dirs:
         raise ValidationInputError("run: give at least one training run directory")
-    runs = [validate_run(Path(r), layers, comm_model) for r in run_dirs]
+    return summarise([validate_run(Path(r), layers, comm_model) for r in run_dirs])
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """validate_run rows (from one call or several) with their configurations and errors."""
     configs = group_repeats(runs)
     errors = [abs(c["error"]) for c in configs]
     return {
         "runs": runs,
         "configs": configs,
-        "median_abs_error": statistics.median(errors),
-        "worst_abs_error": max(errors),
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "worst_abs_error": max(errors) if errors else None,
     }
 
 

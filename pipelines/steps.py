@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -548,11 +547,10 @@ def validate(ctx: dict, trained: list[dict]) -> dict:
         if not layers_by or model is None or not done:
             return {"validation": None, "skipped": True, "median_abs_error": None, "worst_abs_error": None}
         from modelling.fit import CommModelError
-        from modelling.validate import validate_runs
+        from modelling.validate import summarise, validate_runs
 
         configs = {e["run_dir"]: json.loads(Path(e["run_dir"], "config.json").read_text()) for e in done}
         runs: list[dict[str, Any]] = []
-        per_config: list[dict[str, Any]] = []
         for wl in spec.workloads:
             for batch in spec.batch_sizes:
                 dirs = [
@@ -569,15 +567,7 @@ def validate(ctx: dict, trained: list[dict]) -> dict:
                         return {"validation": None, "skipped": True, "reason": str(err),
                                 "median_abs_error": None, "worst_abs_error": None}
                     runs += [{**r, "run": Path(str(r["run"])).name} for r in res["runs"]]
-                    per_config += res["configs"]
-        # Repeats of a configuration count once, as their median (DESIGN §4).
-        errors = [abs(c["error"]) for c in per_config if c.get("error") is not None]
-        result = {
-            "runs": runs,
-            "configs": per_config,
-            "median_abs_error": statistics.median(errors) if errors else None,
-            "worst_abs_error": max(errors) if errors else None,
-        }
+        result = summarise(runs)  # repeats of a configuration count once, as their median (DESIGN §4)
         path = _write_json(Path(ctx["run_dir"]) / "validate" / "validation.json", result)
         t.log_artifact(node, path)
         cols = ("run", "predicted_iter_s", "measured_iter_s", "error")
