@@ -7,6 +7,7 @@ Every task passes the small JSON ctx of `steps.start` and returns a small dict.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -26,12 +27,31 @@ START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
 # Accelerator slots: one slot per node a training job takes. Created from
 # infra/deploy/airflow/pools.json (`airflow pools import`), or by the tests.
 TRAIN_POOL = "ddlbench_nodes"
-TRAIN_TIMEOUT = timedelta(hours=2)
+
+
+def _deployment_setting(name: str, default: float) -> float:
+    """A number a deployment sets in the DAG processor's environment (parse time, so Airflow
+    knows it before any task runs): a cluster's slow jobs, or a test's quick kill."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}: expected a number, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{name}: must not be negative, got {raw!r}")
+    return value
+
+
+# A training task's execution_timeout, and the retries of every task but start and finish.
+TRAIN_TIMEOUT = timedelta(seconds=_deployment_setting("DDLBENCH_TRAIN_TIMEOUT_S", 2 * 3600))
 STEP_TIMEOUT = timedelta(hours=1)
+RETRIES = int(_deployment_setting("DDLBENCH_TASK_RETRIES", 2))
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "ddlbench",
-    "retries": 2,
+    "retries": RETRIES,
     "retry_delay": timedelta(seconds=30),
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=10),

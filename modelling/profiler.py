@@ -12,23 +12,30 @@ time-shared CPU, preemptions land in a different layer each repeat and
 per-layer medians alone would drop them. On CUDA the clock synchronises the
 device first.
 
-`processes > 1` starts that many profiling processes in all (this one and
-P-1 contenders running the same iterations), so the CPU is contended as in a
-P-process training run; the figures are this process's.
+The profile runs as a job through a cluster provider, in fresh processes that
+torchrun starts (modelling/profile_rank.py), as training does (DESIGN §1): never
+in the caller's process or its `multiprocessing` children, so it measures the
+node training runs on, and works inside an Airflow task. `processes = P` starts
+P ranks: rank 0 measures while ranks 1..P-1 run the same iterations as
+contenders, so the CPU is contended as in a P-process training run; the
+figures are rank 0's.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
 import os
 import platform
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from modelling.layers import write_layers
 
-__all__ = ["profile_layers", "write_layers"]
+__all__ = ["ProfileFailed", "profile_layers", "write_layers"]
 
 
 def _spread(xs: list[float]) -> float:
@@ -39,7 +46,10 @@ def _spread(xs: list[float]) -> float:
     return q[2] - q[0]
 
 
-def _setup(model: str, batch_size: int, input_shape, dataset: str, num_classes: int, device: str):
+def build_profiled(
+    model: str, batch_size: int, input_shape, dataset: str, num_classes: int, device: str, dev=None
+):
+    """Model, optimizer and data of one profiling rank; `dev` the torch device (default `device`)."""
     import torch
 
     from training.config import build_config
@@ -63,7 +73,7 @@ def _setup(model: str, batch_size: int, input_shape, dataset: str, num_classes: 
     )
     train, _ = load_dataset(cfg, shape)
     torch.manual_seed(0)
-    dev = torch.device(device)
+    dev = dev or torch.device(device)
     net = build_model(model, shape, num_classes if dataset == "synthetic" else train.num_classes).to(dev)
     sampler = GlobalBatchSampler(len(train), 1, batch_size, seed=0)
     # The trainer's global optimizer, so the update costs what training's does.
@@ -71,7 +81,7 @@ def _setup(model: str, batch_size: int, input_shape, dataset: str, num_classes: 
     return net, opt, train, sampler, shape, dev
 
 
-def _clock(dev):
+def device_clock(dev):
     import torch
 
     if dev.type == "cuda":
@@ -84,7 +94,7 @@ def _clock(dev):
     return time.perf_counter
 
 
-def _iteration(net, opt, train, sampler, step: int, dev, now) -> dict[str, float]:
+def timed_iteration(net, opt, train, sampler, step: int, dev, now) -> dict[str, float]:
     import torch.nn.functional as F
 
     from training.models import logits_of
@@ -101,20 +111,6 @@ def _iteration(net, opt, train, sampler, step: int, dev, now) -> dict[str, float
     opt.zero_grad(set_to_none=True)
     t4 = now()
     return {"data": t1 - t0, "fwd_start": t1, "fwd_end": t2, "bwd_start": t2, "bwd_end": t3, "update": t4 - t3}
-
-
-def _contend(args: tuple, ready, stop) -> None:
-    """A contender: the same iterations as the profiled process, until told to stop."""
-    import torch
-
-    torch.set_num_threads(1)
-    net, opt, train, sampler, _, dev = _setup(*args)
-    now = _clock(dev)
-    ready.wait()
-    step = 0
-    while not stop.is_set():
-        _iteration(net, opt, train, sampler, step, dev, now)
-        step += 1
 
 
 def _flat_ops(net, repeats: int, now) -> dict[str, float]:
@@ -178,6 +174,10 @@ def _environment(device: str, processes: int) -> dict[str, Any]:
     }
 
 
+class ProfileFailed(RuntimeError):
+    """The profiling job failed; the message names the rank, what it was doing and the log."""
+
+
 def profile_layers(
     model: str,
     batch_size: int,
@@ -189,54 +189,100 @@ def profile_layers(
     warmup: int = 3,
     repeats: int = 10,
     processes: int = 1,
+    provider=None,
+    out_dir: Path | None = None,
+    timeout_s: float = 600.0,
+    echo: bool = False,
 ) -> dict[str, Any]:
-    """The layer table (layers.json content) of `model` at `batch_size` per process."""
-    import torch
+    """The layer table (layers.json content) of `model` at `batch_size` per process.
 
+    Runs `processes` ranks through `provider` (default: this host); their job files
+    and log (profile.log) go to `out_dir` (default: a temporary directory, removed
+    unless the job fails). A rank that fails raises ProfileFailed with its own error.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size: must be at least 1, got {batch_size}")
     if processes < 1:
         raise ValueError(f"processes: must be at least 1, got {processes}")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats/warmup: need repeats >= 1 and warmup >= 0, got {repeats}/{warmup}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s: must be positive, got {timeout_s}")
     from training.models import check_model_name
 
     check_model_name(model)  # before any process starts
-    args = (model, batch_size, input_shape, dataset, num_classes, device)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as every training rank runs
-    ctx = mp.get_context("spawn")
-    ready, stop = ctx.Barrier(processes), ctx.Event()
-    contenders = [ctx.Process(target=_contend, args=(args, ready, stop), daemon=True) for _ in range(processes - 1)]
-    try:
-        for c in contenders:
-            c.start()
-        net, opt, train, sampler, shape, dev = _setup(*args)
-        ready.wait(timeout=300)
-        table = _measure(net, opt, train, sampler, dev, warmup, repeats)
-    finally:
-        stop.set()
-        for c in contenders:
-            c.join(30)
-            if c.is_alive():
-                c.kill()
-        torch.set_num_threads(threads)
-    return {
+    job_spec = {
         "model": model,
         "batch_size": batch_size,
-        "device": device,
-        "input_shape": list(shape),
+        "input_shape": list(input_shape) if input_shape else None,
         "dataset": dataset,
-        "processes": processes,
+        "num_classes": num_classes,
+        "device": device,
         "warmup": warmup,
         "repeats": repeats,
+        "processes": processes,
+        "timeout_s": timeout_s,
+    }
+    if out_dir is not None:
+        return _run_job(job_spec, Path(out_dir), provider, echo)
+    tmp = Path(tempfile.mkdtemp(prefix="ddlbench-profile-"))
+    table = _run_job(job_spec, tmp, provider, echo)
+    shutil.rmtree(tmp, ignore_errors=True)  # kept after a failure: the error names its log
+    return table
+
+
+def _run_job(job_spec: dict[str, Any], out: Path, provider, echo: bool) -> dict[str, Any]:
+    from infra import Job
+
+    if provider is None:
+        from infra.local import LocalProvider
+
+        provider = LocalProvider()
+    out.mkdir(parents=True, exist_ok=True)
+    result_path = out / PROFILE_RESULT
+    result_path.unlink(missing_ok=True)
+    for stale in out.glob("failure-rank*.txt"):
+        stale.unlink()
+    (out / PROFILE_JOB).write_text(json.dumps(job_spec, indent=2))
+    job = Job(
+        module="modelling.profile_rank",
+        args=[str(out.resolve())],
+        world_size=job_spec["processes"],
+        log_path=out / "profile.log",
+        timeout_s=job_spec["timeout_s"],
+    )
+    result = provider.run(job, echo=echo)
+    if not result.ok or not result_path.exists():
+        result.causes = [p.read_text().strip() for p in sorted(out.glob("failure-rank*.txt"))]
+        raise ProfileFailed(f"profile of {job_spec['model']} at batch {job_spec['batch_size']}: "
+                            f"{result.describe_failure()}")
+    return json.loads(result_path.read_text())
+
+
+# The job's files in its directory: what to profile (written here), the table (by rank 0).
+PROFILE_JOB = "profile-job.json"
+PROFILE_RESULT = "profile-result.json"
+
+
+def profile_table(job: dict[str, Any], net, opt, train, sampler, shape, dev) -> dict[str, Any]:
+    """Rank 0's measurement, as profile_layers returns it."""
+    table = _measure(net, opt, train, sampler, dev, job["warmup"], job["repeats"])
+    return {
+        "model": job["model"],
+        "batch_size": job["batch_size"],
+        "device": job["device"],
+        "input_shape": list(shape),
+        "dataset": job["dataset"],
+        "processes": job["processes"],
+        "warmup": job["warmup"],
+        "repeats": job["repeats"],
         **table,
-        "environment": _environment(device, processes),
+        "environment": _environment(job["device"], job["processes"]),
     }
 
 
 def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[str, Any]:
-    now = _clock(dev)
+    now = device_clock(dev)
     names = {m: n for n, m in net.named_modules()}
     owners = [m for m in net.modules() if any(True for _ in m.parameters(recurse=False))]
     fwd_stamp: dict[Any, float] = {}
@@ -261,7 +307,7 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
         for step in range(warmup + repeats):
             fwd_stamp.clear()
             grad_stamp.clear()
-            it = _iteration(net, opt, train, sampler, step, dev, now)
+            it = timed_iteration(net, opt, train, sampler, step, dev, now)
             if step < warmup:
                 continue
             order = sorted(fwd_stamp, key=fwd_stamp.get)

@@ -80,7 +80,7 @@ def profile(
 ) -> None:
     """Time every parameter-owning layer's forward and backward."""
     from modelling.layers import format_table, write_layers
-    from modelling.profiler import profile_layers
+    from modelling.profiler import ProfileFailed, profile_layers
 
     shape = None
     if input_shape:
@@ -106,6 +106,8 @@ def profile(
         )
     except ValueError as err:
         _fail(err)
+    except ProfileFailed as err:
+        raise click.ClickException(str(err)) from None
     path = write_layers(table, out)
     click.echo(format_table(table) + f"wrote {path}")
 

@@ -175,7 +175,7 @@ run = click.Command(
 )
 
 
-def _sync(targets: tuple[str, ...], home: Path | None, tracking_uri: str | None) -> None:
+def _sync(targets: tuple[str, ...], home: Path | None, tracking_uri: str | None, abandoned: bool) -> None:
     from rich.console import Console
 
     from pipelines import steps
@@ -189,7 +189,7 @@ def _sync(targets: tuple[str, ...], home: Path | None, tracking_uri: str | None)
     for d in dirs:
         if not (d / "ctx.json").exists():
             raise click.BadParameter(f"{d}: not a ddlbench run directory (no ctx.json)", param_hint="TARGETS")
-        res = steps.sync(d, tracking_uri)
+        res = steps.sync(d, tracking_uri, abandoned)
         pending += res["pending"]
         note = f", orphans marked FAILED: {', '.join(res['orphans_failed'])}" if res["orphans_failed"] else ""
         err = f" [red]({res['error']})[/]" if res["error"] else ""
@@ -207,6 +207,12 @@ sync = click.Command(
         click.Argument(["targets"], nargs=-1),
         click.Option(["--home"], type=click.Path(path_type=Path), default=None),
         click.Option(["--tracking-uri"], default=None, help="Upload here instead of the run's own store."),
+        click.Option(
+            ["--abandoned"],
+            is_flag=True,
+            help="The pipeline runs will not go on (their Airflow DAG runs ended without `finish`): "
+            "end their parent runs FAILED too.",
+        ),
     ],
 )
 

@@ -138,6 +138,7 @@ class ProfileSpec(_Strict):
     enabled: bool = True
     warmup: int = Field(3, ge=0)
     repeats: int = Field(10, ge=1)
+    timeout_s: float = Field(600.0, gt=0, description="Kill one profiling job after this long.")
 
 
 class WhatIfSpec(_Strict):

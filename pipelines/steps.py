@@ -21,7 +21,7 @@ from typing import Any
 
 from pipelines.journal import now_ms
 from pipelines.spec import BenchSpec, SpecError, Workload, flatten, grid, load_spec, validate_spec
-from pipelines.tracking import PARENT, Tracker, mask_uri, tracker_for
+from pipelines.tracking import PARENT, STATUS, Tracker, mask_uri, tracker_for
 
 REPO = Path(__file__).resolve().parent.parent
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -179,7 +179,8 @@ def start(
         "mlflow.source.git.commit": ctx["git_commit"] or "",
         **{f"airflow.{k}": v for k, v in (airflow or {}).items() if v is not None},
     }
-    t.start_run(PARENT, run_key, parent=None, tags=tags)
+    # Under Airflow the parent belongs to the DAG run, not to this task's short-lived process.
+    t.start_run(PARENT, run_key, parent=None, tags=tags, owned_by_pipeline=bool(ctx["airflow"]))
     if not _recorded(ctx, "start").exists():
         t.log_params(PARENT, flatten(spec.model_dump(mode="json"), "spec."))
         t.log_artifact(PARENT, run_dir / "spec.yaml", "spec")
@@ -258,17 +259,22 @@ def profile(ctx: dict) -> dict:
         for wl in spec.workloads:
             for batch in spec.batch_sizes:
                 name = _workload_dir(wl, batch)
-                layers = profile_layers(
-                    wl.model,
-                    batch,
-                    input_shape=wl.input_shape,
-                    dataset=wl.dataset,
-                    num_classes=wl.num_classes or 10,
-                    device=spec.train.get("device", "cpu"),
-                    warmup=spec.profile.warmup,
-                    repeats=spec.profile.repeats,
-                    processes=max(spec.workers),
-                )
+                job_dir = Path(ctx["run_dir"]) / "profile" / name / "job"
+                with _provider(spec) as p:
+                    layers = profile_layers(
+                        wl.model,
+                        batch,
+                        input_shape=wl.input_shape,
+                        dataset=wl.dataset,
+                        num_classes=wl.num_classes or 10,
+                        device=spec.train.get("device", "cpu"),
+                        warmup=spec.profile.warmup,
+                        repeats=spec.profile.repeats,
+                        processes=max(spec.workers),
+                        provider=p,
+                        out_dir=job_dir,
+                        timeout_s=spec.profile.timeout_s,
+                    )
                 path = write_layers(layers, Path(ctx["run_dir"]) / "profile" / name)
                 t.log_artifact(node, path, name)
                 t.log_artifact(node, path.with_name("layers.txt"), name)
@@ -675,7 +681,7 @@ def finish(ctx: dict, failed: bool = False) -> dict:
     status = "FAILED" if failed else "FINISHED"
     t.end_run(PARENT, status)
     synced = t.flush(force=True)
-    _write_json(Path(ctx["run_dir"]) / "status.json", {"status": status, "finished_ms": now_ms()})
+    _write_json(Path(ctx["run_dir"]) / STATUS, {"status": status, "finished_ms": now_ms()})
     return {
         "run_key": ctx["run_key"],
         "status": status,
@@ -686,8 +692,12 @@ def finish(ctx: dict, failed: bool = False) -> dict:
     }
 
 
-def sync(run_dir: str | Path, tracking_uri: str | None = None) -> dict:
-    """Upload what the run's journal holds and MLflow lacks; end orphaned runs FAILED."""
+def sync(run_dir: str | Path, tracking_uri: str | None = None, abandoned: bool = False) -> dict:
+    """Upload what the run's journal holds and MLflow lacks; end orphaned runs FAILED.
+
+    `abandoned`: the pipeline run will not go on (its Airflow DAG run ended without `finish`),
+    so its parent run, which no process owns, is an orphan too.
+    """
     run_dir = Path(run_dir)
     ctx = json.loads((run_dir / "ctx.json").read_text())
     if tracking_uri:
@@ -695,7 +705,7 @@ def sync(run_dir: str | Path, tracking_uri: str | None = None) -> dict:
         ctx["tracking_uri"] = mask_uri(tracking_uri)
     t = tracker_for(ctx)
     before = t.journal.pending()
-    orphans = t.end_orphans()
+    orphans = t.end_orphans(abandoned=abandoned)
     t.flush(force=True)
     pending = t.journal.pending()
     return {

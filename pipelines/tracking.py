@@ -27,6 +27,7 @@ from pipelines.journal import Journal, now_ms, owner, owner_alive
 log = logging.getLogger(__name__)
 
 PARENT = "pipeline"
+STATUS = "status.json"  # a pipeline run's outcome, written by its last step
 TAG_RUN_KEY = "ddlbench.run_key"
 TAG_NODE = "ddlbench.node"
 _RETRY_AFTER_S = 300.0
@@ -58,7 +59,16 @@ class Tracker:
         self.journal.append(entry)
         self.flush()
 
-    def start_run(self, node: str, name: str, parent: str | None = PARENT, tags: dict[str, str] | None = None) -> None:
+    def start_run(
+        self,
+        node: str,
+        name: str,
+        parent: str | None = PARENT,
+        tags: dict[str, str] | None = None,
+        owned_by_pipeline: bool = False,
+    ) -> None:
+        """Open (or reopen) a node's run. Its owner is this process, or with `owned_by_pipeline`
+        the pipeline run itself (an Airflow run's parent: its tasks are many short processes)."""
         self._write(
             {
                 "op": "start_run",
@@ -67,7 +77,7 @@ class Tracker:
                 "name": name,
                 "tags": {k: str(v) for k, v in (tags or {}).items()},
                 "ts": now_ms(),
-                "owner": owner(),
+                "owner": {"pipeline": self.run_key} if owned_by_pipeline else owner(),
             }
         )
 
@@ -122,11 +132,20 @@ class Tracker:
             raise
         self.end_run(node, "FINISHED")
 
-    def end_orphans(self, *, everyone: bool = False, keep: tuple[str, ...] = ()) -> list[str]:
-        """End FAILED the runs left open by processes that died (or all open ones but `keep`)."""
+    def end_orphans(
+        self, *, everyone: bool = False, keep: tuple[str, ...] = (), abandoned: bool = False
+    ) -> list[str]:
+        """End FAILED the runs left open by processes that died (or all open ones but `keep`).
+
+        A run owned by the pipeline run (not a process) is an orphan only once that run is
+        over: its status is recorded (`finish` ran), or the caller knows it `abandoned`.
+        """
+        over = abandoned or (self.run_dir / STATUS).exists()
         ended = []
         for node, start in self.journal.open_nodes().items():
-            if node in keep or (not everyone and owner_alive(start.get("owner", {}))):
+            own = start.get("owner") or {}
+            alive = not over if "pipeline" in own else owner_alive(own)
+            if node in keep or (not everyone and alive):
                 continue
             self.journal.append(
                 {

@@ -3,6 +3,7 @@ MLflow server makes the tracker go on offline quickly."""
 
 from __future__ import annotations
 
+import platform
 import socket
 import time
 from pathlib import Path
@@ -73,3 +74,37 @@ def test_tracking_credentials_never_reach_ctx_and_come_from_the_environment(monk
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://other:x@127.0.0.1/db")
     with pytest.raises(RuntimeError, match="tracking_uri: .* needs its credentials from MLFLOW_TRACKING_URI"):
         resolve_uri(stored)
+
+
+def test_a_parent_owned_by_the_pipeline_run_outlives_the_task_that_opened_it(tmp_path: Path) -> None:
+    """Under Airflow, `start` opens the parent and its process exits: the next task's orphan sweep
+    must not end it; a child whose process died is ended; the parent is an orphan only once the
+    pipeline run is over (status recorded) or known abandoned."""
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from pipelines.journal import Journal
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    Tracker(run_dir, uri, "ddlbench-adhoc", "k").start_run("pipeline", "k", parent=None, owned_by_pipeline=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    j = Journal(run_dir)
+    j.append({"op": "start_run", "node": "profile", "parent": "pipeline", "name": "profile", "tags": {},
+              "ts": 1, "owner": {"host": platform.node(), "pid": int(dead.stdout)}})
+    live = Tracker(run_dir, uri, "ddlbench-adhoc", "k")
+    live.start_run("fit", "fit")
+
+    sweeper = Tracker(run_dir, uri, "ddlbench-adhoc", "k")  # another task's process
+    assert sweeper.end_orphans() == ["profile"]
+    client = MlflowClient(tracking_uri=uri)
+    runs = j.read_state()["runs"]
+    assert client.get_run(runs["pipeline"]).info.status == "RUNNING"
+    assert client.get_run(runs["fit"]).info.status == "RUNNING"
+    assert client.get_run(runs["profile"]).info.status == "FAILED"
+
+    assert sweeper.end_orphans(abandoned=True) == ["pipeline"]
+    assert client.get_run(runs["pipeline"]).info.status == "FAILED"

@@ -1,0 +1,182 @@
+"""The DAGs under the real Airflow scheduler, as users run them: api-server, dag-processor and
+scheduler with the LocalExecutor on PostgreSQL, every task in its own supervised process.
+Runs are triggered and polled through the REST API, and checked through MLflow's client.
+
+One deployment serves the module. It never schedules a nightly by itself
+(DDLBENCH_NIGHTLY_SCHEDULE=none: unpausing would otherwise start the latest missed night at
+once), runs each task once (a flaky task fails the test instead of being retried away), and
+kills a training task after 90 s (the failing case below).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.airflow_services import REPO, AirflowServices
+
+pytestmark = [pytest.mark.slow]
+
+SMOKE = REPO / "specs" / "smoke.yaml"
+TRAIN_TIMEOUT_S = 90
+DEPLOYMENT = {
+    "DDLBENCH_NIGHTLY_SCHEDULE": "none",
+    "DDLBENCH_TASK_RETRIES": "0",
+    "DDLBENCH_TRAIN_TIMEOUT_S": str(TRAIN_TIMEOUT_S),
+}
+ONBOARDING_FORM = {"hardware_label": "box-a", "provider": "local", "nodes": 1, "devices_per_node": 2,
+                   "models": ["lenet5"], "world_sizes": [2]}
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServices]:
+    with AirflowServices(tmp_path_factory.mktemp("scheduler"), DEPLOYMENT) as af:
+        for dag_id in ("ddlbench_nightly", "ddlbench_hardware_onboarding"):
+            assert af.wait_for_dag(dag_id)["is_paused"] is True  # as a new deployment has them
+            af.unpause(dag_id)
+        yield af
+
+
+def _mlflow_runs(home: Path) -> tuple[dict[str, Any], list[Any]]:
+    """(ctx, every MLflow run of the pipeline run) of the one run under `home`."""
+    from mlflow import MlflowClient
+
+    (ctx_path,) = (home / "runs").glob("*/ctx.json")
+    ctx = json.loads(ctx_path.read_text())
+    client = MlflowClient(tracking_uri=ctx["tracking_uri"])
+    experiment = client.get_experiment_by_name(ctx["experiment"])
+    return ctx, client.search_runs([experiment.experiment_id], max_results=1000)
+
+
+class ParentWatch:
+    """The parent MLflow run's status at every poll while the DAG run goes on."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.seen: list[str] = []
+
+    def __call__(self) -> None:
+        ctx_path = next((self.home / "runs").glob("*/ctx.json"), None) if (self.home / "runs").exists() else None
+        if ctx_path is None:
+            return
+        ctx = json.loads(ctx_path.read_text())
+        if not ctx.get("parent_run_id"):
+            return
+        from mlflow import MlflowClient
+
+        status = MlflowClient(tracking_uri=ctx["tracking_uri"]).get_run(ctx["parent_run_id"]).info.status
+        self.seen.append(status)
+
+
+def _run(airflow: AirflowServices, dag_id: str, conf: dict[str, Any], home: Path,
+         timeout_s: float = 900) -> tuple[dict[str, Any], list[dict[str, Any]], ParentWatch, float]:
+    r = airflow.trigger(dag_id, conf | {"home": str(home)})
+    assert r.status_code == 200, r.text
+    run_id = r.json()["dag_run_id"]
+    watch = ParentWatch(home)
+    t0 = time.monotonic()
+    run = airflow.wait_for_run(dag_id, run_id, timeout_s, watch=watch)
+    wall = time.monotonic() - t0
+    print(f"{dag_id} under the scheduler: {run['state']} in {wall:.1f} s")
+    return run, airflow.task_instances(dag_id, run_id), watch, wall
+
+
+def _states(tis: list[dict[str, Any]]) -> dict[str, str]:
+    return {f"{t['task_id']}[{t['map_index']}]" if t["map_index"] >= 0 else t["task_id"]: t["state"] for t in tis}
+
+
+def _processes_under(path: Path) -> list[str]:
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if str(path) in cmd:
+            found.append(f"{p.info['pid']}: {cmd[:200]}")
+    return found
+
+
+@pytest.mark.timeout(1200)
+def test_nightly_runs_to_success_under_the_scheduler(airflow: AirflowServices, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run, tis, watch, _ = _run(airflow, "ddlbench_nightly", {"spec_path": str(SMOKE)}, home)
+    states = _states(tis)
+    assert run["state"] == "success", f"{states}\n{airflow.log_tail('scheduler')}"
+    assert set(states.values()) == {"success"}
+    assert len([t for t in tis if t["task_id"] == "train"]) == 3  # the smoke grid
+
+    ctx, runs = _mlflow_runs(home)
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    parent = next(r for r in runs if r.info.run_id == ctx["parent_run_id"])
+    assert parent.data.tags["airflow.dag_id"] == "ddlbench_nightly"
+    assert watch.seen and "FAILED" not in watch.seen, watch.seen  # the parent lived through every task
+    assert {r.data.tags.get("ddlbench.step") for r in runs} >= {"profile", "microbench", "train", "report"}
+    # The profile ran as a job of its own, in fresh processes (one per worker), not in the task.
+    (profile_dir,) = (Path(ctx["run_dir"]) / "profile").glob("*/job")
+    assert json.loads((profile_dir / "profile-job.json").read_text())["processes"] == 2
+    table = json.loads((profile_dir / "profile-result.json").read_text())  # written by the job's rank 0
+    assert table["environment"]["processes"] == 2 and table["layers"]
+
+
+@pytest.mark.timeout(1200)
+def test_onboarding_runs_to_success_and_records_the_hardware_profile(airflow: AirflowServices,
+                                                                     tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    home = tmp_path / "home"
+    run, tis, watch, _ = _run(airflow, "ddlbench_hardware_onboarding", ONBOARDING_FORM, home)
+    states = _states(tis)
+    assert run["state"] == "success", f"{states}\n{airflow.log_tail('scheduler')}"
+    assert set(states.values()) == {"success"}
+
+    ctx, runs = _mlflow_runs(home)
+    assert ctx["experiment"] == "ddlbench-onboarding" and ctx["hardware"] == "box-a"
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert watch.seen and "FAILED" not in watch.seen, watch.seen
+    client = MlflowClient(tracking_uri=ctx["tracking_uri"])
+    names = {a.path for a in client.list_artifacts(ctx["parent_run_id"], "hardware_profile")}
+    assert names == {"hardware_profile/hardware_profile.json"}
+    profile = json.loads(Path(client.download_artifacts(ctx["parent_run_id"], "hardware_profile/hardware_profile.json",
+                                                        str(tmp_path / "download"))).read_text())
+    assert profile["hardware"] == "box-a" and profile["comm_model"]["fits"]
+    assert list(profile["layers"]) == ["lenet5-synthetic-b32"]
+
+
+def test_a_bad_form_value_is_refused_at_trigger_and_creates_no_run(airflow: AirflowServices,
+                                                                   tmp_path: Path) -> None:
+    before = airflow.api("GET", "/dags/ddlbench_hardware_onboarding/dagRuns").json()["total_entries"]
+    r = airflow.trigger("ddlbench_hardware_onboarding", ONBOARDING_FORM | {"nodes": 0, "home": str(tmp_path)})
+    assert r.status_code == 400 and "nodes" in r.text, r.text
+    assert airflow.api("GET", "/dags/ddlbench_hardware_onboarding/dagRuns").json()["total_entries"] == before
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(900)
+def test_a_training_task_killed_by_its_execution_timeout_fails_the_run_and_leaves_nothing(
+        airflow: AirflowServices, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    overrides = {"algorithms": [{"name": "odsgd"}], "steps": 10**7, "epochs": None, "train_timeout_s": 3600,
+                 "microbench.enabled": False, "profile.enabled": False}
+    run, tis, _, wall = _run(airflow, "ddlbench_nightly", {"spec_path": str(SMOKE), "overrides": overrides}, home)
+    states = _states(tis)
+    assert run["state"] == "failed", states
+    assert states["train[0]"] == "failed" and states["validate"] == "upstream_failed", states
+    assert states["teardown"] == "success" and states["finish"] == "success", states
+    assert wall >= TRAIN_TIMEOUT_S  # it was the timeout that ended it, not an early failure
+    assert _processes_under(home) == []
+
+    ctx, runs = _mlflow_runs(home)
+    (trained,) = [r for r in runs if "ddlbench.config_key" in r.data.tags]
+    assert trained.info.status == "FAILED"
+    assert all(r.info.status != "RUNNING" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    assert {r.info.run_id: r.info.status for r in runs}[ctx["parent_run_id"]] == "FAILED"
+    log = (Path(ctx["run_dir"]) / "train").glob("*/launcher.log")
+    assert any(p.stat().st_size > 0 for p in log)  # the job had started before the kill
