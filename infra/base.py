@@ -23,6 +23,8 @@ from typing import IO
 
 import psutil
 
+from infra import lifeline
+
 
 class ProviderError(RuntimeError):
     """A provider could not provision, launch or tear down."""
@@ -208,8 +210,9 @@ def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: 
         pumps = []
         try:
             for argv, env in zip(argvs, envs, strict=True):
-                p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+                # In a session of its own (the group is ours to kill), and dying with us (lifeline).
+                p = subprocess.Popen(lifeline.wrap(argv), env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
                 procs.append(p)
                 pumps.append(stream_process(p, log, echo, watch))
             timed_out = False

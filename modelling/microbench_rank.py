@@ -9,6 +9,11 @@ median and trimmed mean over repeats) and writes OUT_DIR/comm.json.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a rank: end with its torchrun agent, set before the seconds of importing torch
+    from infra.lifeline import die_with_parent
+
+    die_with_parent()
+
 import json
 import os
 import platform

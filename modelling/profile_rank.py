@@ -12,6 +12,11 @@ OUT_DIR/failure-rank<R>.txt saying what it was doing.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a rank: end with its torchrun agent, set before the seconds of importing torch
+    from infra.lifeline import die_with_parent
+
+    die_with_parent()
+
 import json
 import os
 import sys

@@ -180,3 +180,44 @@ def test_a_training_task_killed_by_its_execution_timeout_fails_the_run_and_leave
     assert {r.info.run_id: r.info.status for r in runs}[ctx["parent_run_id"]] == "FAILED"
     log = (Path(ctx["run_dir"]) / "train").glob("*/launcher.log")
     assert any(p.stat().st_size > 0 for p in log)  # the job had started before the kill
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(900)
+def test_sigkill_of_a_task_process_running_train_leaves_no_process_and_no_running_mlflow_run(
+        airflow: AirflowServices, tmp_path: Path) -> None:
+    """The task process itself killed outright (an OOM kill): its torchrun agent and ranks die
+    with it within 10 s; Airflow fails the task, and `finish` ends its MLflow run FAILED."""
+    home = tmp_path / "home"
+    overrides = {"algorithms": [{"name": "ssgd"}], "steps": 10**7, "epochs": None, "train_timeout_s": 3600,
+                 "microbench.enabled": False, "profile.enabled": False}
+    r = airflow.trigger("ddlbench_nightly", {"spec_path": str(SMOKE), "overrides": overrides, "home": str(home)})
+    assert r.status_code == 200, r.text
+    run_id = r.json()["dag_run_id"]
+    deadline = time.monotonic() + 300
+    agent = None
+    while agent is None and time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "torch.distributed.run" in cmd and str(home) in cmd:
+                agent = p
+        time.sleep(0.5)
+    assert agent is not None, "the training job never started"
+    while len(_processes_under(home)) < 3 and time.monotonic() < deadline:  # the agent and its 2 ranks
+        time.sleep(0.2)
+    task_process = agent.parent()
+    assert task_process is not None
+    task_process.kill()
+    left_at = time.monotonic() + 10
+    while _processes_under(home) and time.monotonic() < left_at:
+        time.sleep(0.2)
+    assert _processes_under(home) == []
+
+    run = airflow.wait_for_run("ddlbench_nightly", run_id, 300)
+    states = _states(airflow.task_instances("ddlbench_nightly", run_id))
+    assert run["state"] == "failed" and states["train[0]"] == "failed", states
+    assert states["finish"] == "success", states
+    ctx, runs = _mlflow_runs(home)
+    assert all(r.info.status != "RUNNING" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    (trained,) = [r for r in runs if "ddlbench.config_key" in r.data.tags]
+    assert trained.info.status == "FAILED"

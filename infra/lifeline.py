@@ -1,0 +1,50 @@
+"""Processes that end with the process that started them, however it ends (SIGKILL included).
+
+Linux's PR_SET_PDEATHSIG has the kernel signal a process when its parent dies; it
+survives exec. Two places use it, so no part of a job outlives its launcher:
+- the launcher starts each torchrun agent as `python -m infra.lifeline PARENT_PID
+  CMD...`, which sets the signal and execs CMD, so the agent dies with the launcher
+  (a `ddlbench train` or an Airflow task killed outright, an OOM kill);
+- every rank calls `die_with_parent()` first thing, before importing torch, so it dies
+  with its torchrun agent (which starts ranks in sessions of their own).
+
+Only the standard library here: a rank calls it before its heavy imports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send `sig` to this process when its parent exits; exit at once if the
+    parent is already gone (reparented before the signal was set)."""
+    parent = os.getppid() if expected_parent is None else expected_parent
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent or parent == 1:
+        os._exit(128 + int(sig))
+
+
+def wrap(argv: list[str]) -> list[str]:
+    """`argv` run so that it dies with this process (the launcher)."""
+    return [sys.executable, "-m", "infra.lifeline", str(os.getpid()), *argv]
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        print("usage: python -m infra.lifeline PARENT_PID CMD [ARG...]", file=sys.stderr)
+        sys.exit(2)
+    die_with_parent(int(sys.argv[1]))
+    os.execvp(sys.argv[2], sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()
