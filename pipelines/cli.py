@@ -18,8 +18,6 @@ from pydantic.fields import FieldInfo
 
 from training.config import ConfigError, TrainConfig, load_yaml
 
-EXIT_DIVERGED = 3  # `ddlbench train`'s exit status for a run whose loss became NaN/inf
-
 
 def _unwrap(annotation: Any) -> Any:
     """`X | None` -> X."""
@@ -71,6 +69,7 @@ def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, *
     from infra import get_provider
     from pipelines.launch import JobFailed, OutputError, launch, prepare
     from pipelines.report_console import print_summary
+    from training.run import EXIT_DIVERGED
 
     try:
         values, source = config_values(config, options)

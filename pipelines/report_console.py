@@ -9,12 +9,16 @@ from rich.console import Console
 from rich.table import Table
 
 
-def _fmt(v: Any, digits: int = 4) -> str:
+def fmt(v: Any, digits: int = 4) -> str:
+    """A figure for a table cell: `digits` significant digits, "-" for none."""
     if v is None:
         return "-"
     if isinstance(v, float):
         return f"{v:.{digits}g}"
     return str(v)
+
+
+_fmt = fmt  # the name pipelines/cli_pipeline.py imports
 
 
 def print_summary(summary: dict[str, Any], out: Path | None = None) -> None:
@@ -25,18 +29,18 @@ def print_summary(summary: dict[str, Any], out: Path | None = None) -> None:
     t.add_column("value", justify="right")
     t.add_row("workers x batch", f"{summary['workers']} x {summary['batch_size']}"
               + (f" (+{summary['servers']} servers)" if summary["servers"] else ""))
-    t.add_row("steps", _fmt(summary["steps"]))
-    t.add_row("throughput_samples_per_s", _fmt(summary["throughput_samples_per_s"]))
+    t.add_row("steps", fmt(summary["steps"]))
+    t.add_row("throughput_samples_per_s", fmt(summary["throughput_samples_per_s"]))
     it = summary["iter_time_s"]
-    t.add_row("iter_time_s p50 / p95", f"{_fmt(it['p50'])} / {_fmt(it['p95'])}")
+    t.add_row("iter_time_s p50 / p95", f"{fmt(it['p50'])} / {fmt(it['p95'])}")
     for phase, v in summary["breakdown_s"].items():
-        t.add_row(f"  {phase}_s", _fmt(v))
-    t.add_row("final_loss", _fmt(summary["final_loss"]))
-    t.add_row("final_accuracy", _fmt(summary["final_accuracy"]))
+        t.add_row(f"  {phase}_s", fmt(v))
+    t.add_row("final_loss", fmt(summary["final_loss"]))
+    t.add_row("final_accuracy", fmt(summary["final_accuracy"]))
     if summary.get("time_to_accuracy_s") is not None:
-        t.add_row("time_to_accuracy_s", _fmt(summary["time_to_accuracy_s"]))
+        t.add_row("time_to_accuracy_s", fmt(summary["time_to_accuracy_s"]))
     if summary.get("staleness"):
-        t.add_row("staleness mean / max", f"{_fmt(summary['staleness']['mean'])} / {summary['staleness']['max']}")
+        t.add_row("staleness mean / max", f"{fmt(summary['staleness']['mean'])} / {summary['staleness']['max']}")
     console = Console()
     console.print(t)
     if out is not None:

@@ -124,30 +124,25 @@ class _PSStrategy(Strategy):
             self.client.send_initial(self.client.flat_params())
 
 
-class PSSSGD(_PSStrategy):
+class _PushPullStrategy(_PSStrategy):
+    """Push g, wait for the shards' reply W, load it: the server decides what W is."""
+
+    def step(self, t: int) -> None:
+        tl = self.timeline
+        with tl.phase("comm_wait"):
+            self.client.gather_grads()
+            self.client.wait(self.client.start_push_pull())
+        with tl.phase("update"):
+            self.client.load_into_params(self.client.weights[0])
+            self.zero_grad()
+
+
+class PSSSGD(_PushPullStrategy):
     """SSGD on a parameter server: push, wait for the averaged update, pull."""
 
-    def step(self, t: int) -> None:
-        tl = self.timeline
-        with tl.phase("comm_wait"):
-            self.client.gather_grads()
-            self.client.wait(self.client.start_push_pull())
-        with tl.phase("update"):
-            self.client.load_into_params(self.client.weights[0])
-            self.zero_grad()
 
-
-class ASGD(_PSStrategy):
+class ASGD(_PushPullStrategy):
     """Asynchronous SGD: push g, the shard applies it on arrival and replies with W."""
-
-    def step(self, t: int) -> None:
-        tl = self.timeline
-        with tl.phase("comm_wait"):
-            self.client.gather_grads()
-            self.client.wait(self.client.start_push_pull())
-        with tl.phase("update"):
-            self.client.load_into_params(self.client.weights[0])
-            self.zero_grad()
 
     def finish(self) -> None:
         self.client.wait(self.client.start_pull())

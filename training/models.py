@@ -106,10 +106,6 @@ def torchvision_models() -> frozenset[str]:
     return frozenset(torchvision.models.list_models(module=torchvision.models))
 
 
-def model_names() -> list[str]:
-    return sorted(set(_OWN) | torchvision_models())
-
-
 def check_model_name(name: str) -> None:
     if name not in _OWN and name not in torchvision_models():
         own = ", ".join(sorted(_OWN))

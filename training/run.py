@@ -34,7 +34,7 @@ from training.timeline import Timeline, to_chrome_trace, write_jsonl
 from training.trainer import Diverged, Trainer, resolve_steps
 
 DIVERGED = "diverged.json"  # written by the rank that saw a NaN/inf loss
-EXIT_DIVERGED = 3
+EXIT_DIVERGED = 3  # a rank's exit status, and `ddlbench train`'s, for a loss that became NaN/inf
 
 
 def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, torch.device]:
