@@ -19,11 +19,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, ClassVar
 
 import psutil
 
 from infra import lifeline
+
+if TYPE_CHECKING:
+    from infra.options import ProviderOptions
 
 
 class ProviderError(RuntimeError):
@@ -242,6 +245,8 @@ class Provider(ABC):
     """Provision nodes, run jobs on them, always tear down (use as a context manager)."""
 
     name: str = "provider"
+    options_model: ClassVar[type[ProviderOptions]]  # its options, built from keyword arguments
+    options: ProviderOptions
 
     @abstractmethod
     def provision(self) -> list[Node]: ...

@@ -18,7 +18,9 @@ import os
 import re
 import secrets
 import time
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 
 from infra.base import (
     Job,
@@ -29,60 +31,97 @@ from infra.base import (
     failed_ranks_from_log,
     torchrun_shell,
 )
+from infra.options import ProviderOptions, integer_at_least
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 JOB_LABEL = "ddlbench.io/job"
 
 
+def _toleration(tol: Any) -> Any:
+    if not isinstance(tol, dict) or not tol or set(tol) - _TOLERATION_KEYS:
+        raise ValueError(f"expected a mapping with keys among {sorted(_TOLERATION_KEYS)}, got {tol!r}")
+    return tol
+
+
+class KubernetesOptions(ProviderOptions):
+    nodes: Annotated[int, integer_at_least(1)] = Field(1, description="Pods of every job (one torchrun each).")
+    image: str = Field("ddlbench:latest", description="Container image holding this repository.")
+    namespace: str = Field("default", description="Kubernetes namespace of the Job and Service.")
+    gpus_per_node: Annotated[int, integer_at_least(0)] = Field(0, description="nvidia.com/gpu limit per pod.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod node selector, label -> value.")
+    tolerations: list[Annotated[dict[str, Any], BeforeValidator(_toleration)]] = Field(
+        default_factory=list, description="Pod tolerations (key, operator, value, effect, tolerationSeconds)."
+    )
+    cpu: str | int | None = Field(None, description="CPU request per pod, e.g. 8 or 500m.")
+    memory: str | int | None = Field(None, description="Memory request per pod, e.g. 32Gi.")
+    volume_claim: str | None = Field(None, description="ReadWriteMany claim holding the run directories.")
+    mount_path: str | None = Field(
+        None, validate_default=True, description="Where volume_claim is mounted: the run home's path."
+    )
+    service_account: str | None = Field(None, description="Service account of the pods.")
+    python: str = Field("python", description="Python in the image that runs torchrun.")
+    master_port: int = Field(29500, description="torchrun's static rendezvous port on pod 0.")
+    name_prefix: str = Field("ddlbench", description="Prefix of the Job's name (a DNS label).")
+    kubeconfig: str | None = Field(None, description="kubeconfig file; default: in-cluster or ~/.kube/config.")
+    context: str | None = Field(None, description="kubeconfig context.")
+    api_server: str | None = Field(None, description="API server URL, without a kubeconfig.")
+    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS).")
+    poll_s: float = Field(2.0, description="Seconds between job state polls.")
+
+    @field_validator("node_selector", mode="before")
+    @classmethod
+    def _selector(cls, v: Any) -> Any:
+        selector = v or {}
+        if not isinstance(selector, dict) or not all(
+                isinstance(k, str) and isinstance(val, str) for k, val in selector.items()):
+            raise ValueError(f"expected a mapping of label to value, got {v!r}")
+        return selector
+
+    @field_validator("tolerations", mode="before")
+    @classmethod
+    def _tolerations(cls, v: Any) -> Any:
+        return v or []
+
+    @field_validator("mount_path")
+    @classmethod
+    def _mount_path(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("volume_claim") and not v:
+            raise ValueError("volume_claim needs the path to mount it at (the run home, the same path as on "
+                             "the submitter)")
+        return v
+
+    @field_validator("name_prefix")
+    @classmethod
+    def _name_prefix(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a DNS label (lowercase letters, digits and '-', at most 40 characters)")
+        return v
+
+
 class KubernetesProvider(Provider):
     """Jobs as Indexed Jobs: `nodes` pods, world_size / nodes ranks per pod."""
 
     name = "kubernetes"
+    options_model = KubernetesOptions
 
-    def __init__(self, nodes: int = 1, image: str = "ddlbench:latest", namespace: str = "default",
-                 gpus_per_node: int = 0, node_selector: dict[str, str] | None = None,
-                 tolerations: list[dict[str, Any]] | None = None, cpu: str | None = None,
-                 memory: str | None = None, volume_claim: str | None = None,
-                 mount_path: str | None = None, service_account: str | None = None,
-                 python: str = "python", master_port: int = 29500, name_prefix: str = "ddlbench",
-                 kubeconfig: str | None = None, context: str | None = None,
-                 api_server: str | None = None, threads_per_process: int = 1,
-                 poll_s: float = 2.0) -> None:
-        for field, value, least in (("nodes", nodes, 1), ("gpus_per_node", gpus_per_node, 0)):
-            if not isinstance(value, int) or value < least:
-                raise ProviderError(f"provider.options.{field}: expected an integer >= {least}, "
-                                    f"got {value!r}")
-        if not _NAME_RE.match(name_prefix):
-            raise ProviderError(f"provider.options.name_prefix: {name_prefix!r} is not a DNS label "
-                                "(lowercase letters, digits and '-', at most 40 characters)")
-        selector = node_selector or {}
-        if not isinstance(selector, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in selector.items()):
-            raise ProviderError("provider.options.node_selector: expected a mapping of label to "
-                                f"value, got {node_selector!r}")
-        for i, tol in enumerate(tolerations or []):
-            if not isinstance(tol, dict) or not tol or set(tol) - _TOLERATION_KEYS:
-                raise ProviderError(f"provider.options.tolerations[{i}]: expected a mapping with "
-                                    f"keys among {sorted(_TOLERATION_KEYS)}, got {tol!r}")
-        if volume_claim and not mount_path:
-            raise ProviderError("provider.options.mount_path: volume_claim needs the path to mount "
-                                "it at (the run home, the same path as on the submitter)")
-        self.nodes = nodes
-        self.image = image
-        self.namespace = namespace
-        self.gpus_per_node = gpus_per_node
-        self.node_selector = selector
-        self.tolerations = tolerations or []
-        self.cpu, self.memory = cpu, memory
-        self.volume_claim, self.mount_path = volume_claim, mount_path
-        self.service_account = service_account
-        self.python = python
-        self.master_port = master_port
-        self.name_prefix = name_prefix
-        self.kubeconfig, self.context, self.api_server = kubeconfig, context, api_server
-        self.threads = threads_per_process
-        self.poll_s = poll_s
+    def __init__(self, **options: Any) -> None:
+        self.options = opts = KubernetesOptions.parse(options)
+        self.nodes = opts.nodes
+        self.image = opts.image
+        self.namespace = opts.namespace
+        self.gpus_per_node = opts.gpus_per_node
+        self.node_selector = opts.node_selector
+        self.tolerations = opts.tolerations
+        self.cpu, self.memory = opts.cpu, opts.memory
+        self.volume_claim, self.mount_path = opts.volume_claim, opts.mount_path
+        self.service_account = opts.service_account
+        self.python = opts.python
+        self.master_port = opts.master_port
+        self.name_prefix = opts.name_prefix
+        self.kubeconfig, self.context, self.api_server = opts.kubeconfig, opts.context, opts.api_server
+        self.threads = opts.threads_per_process
+        self.poll_s = opts.poll_s
         self.last_job_name: str | None = None
         self._api: Any = None
         self._created: list[tuple[str, str]] = []

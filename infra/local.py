@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import platform
+from typing import Any
+
+from pydantic import Field
 
 from infra.base import Job, JobResult, Node, Provider, base_env, run_processes, torchrun_argv
+from infra.options import ProviderOptions
+
+
+class LocalOptions(ProviderOptions):
+    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
 
 
 class LocalProvider(Provider):
     name = "local"
+    options_model = LocalOptions
 
-    def __init__(self, threads_per_process: int = 1) -> None:
-        self.threads = threads_per_process
+    def __init__(self, **options: Any) -> None:
+        self.options = LocalOptions.parse(options)
+        self.threads = self.options.threads_per_process
 
     def provision(self) -> list[Node]:
         return [Node(platform.node() or "localhost", "127.0.0.1")]

@@ -21,6 +21,9 @@ import secrets
 import signal
 import subprocess
 import time
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from infra.base import (
     Job,
@@ -32,22 +35,34 @@ from infra.base import (
     run_processes,
     torchrun_argv,
 )
+from infra.options import ProviderOptions, integer_at_least
+from modelling.units import parse_bandwidth as parse_rate  # bytes per second
 
 _PREFIX = "ddlb"
 _NS_RE = re.compile(rf"^{_PREFIX}-(\d+)-([0-9a-f]{{6}})-(\d+)$")
-_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+# tc's decimal bit units only: tc reads a bare number as bits and "mbps" as megabytes per second.
+_TC_RATE_RE = re.compile(r"\s*[0-9]*\.?[0-9]+\s*[kmgt]?bit\s*", re.IGNORECASE)
 _PRIVATE_NETS = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("192.168.0.0/16"))
+
+
+def _tc_bits_per_s(rate: Any) -> int:
+    """'100mbit' -> 100_000_000; ValueError for anything tc would read otherwise."""
+    problem = f"expected a positive rate such as 100mbit, 1gbit or 10gbit, got {rate!r}"
+    if not _TC_RATE_RE.fullmatch(str(rate)):
+        raise ValueError(problem)
+    try:
+        bytes_per_s = parse_rate(str(rate))
+    except ValueError:
+        raise ValueError(problem) from None
+    return int(round(bytes_per_s * 8, 6))  # rounded first: /8 then *8 must give the bits written
 
 
 def parse_bandwidth(rate: str) -> int:
     """'100mbit' -> 100_000_000 bits/s (tc's decimal units: bit, kbit, mbit, gbit, tbit)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", str(rate))
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _RATE_UNITS or float(m.group(1)) <= 0:
-        raise ProviderError(
-            f"provider.options.bandwidth: expected a positive rate such as 100mbit, 1gbit or 10gbit, got {rate!r}"
-        )
-    return int(float(m.group(1)) * _RATE_UNITS[unit])
+    try:
+        return _tc_bits_per_s(rate)
+    except ValueError as err:
+        raise ProviderError(f"provider.options.bandwidth: {err}") from None
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -117,40 +132,52 @@ def cleanup_stale() -> list[str]:
     return [ns for names in clusters.values() for ns in names]
 
 
+class NetnsOptions(ProviderOptions):
+    nodes: Annotated[int, integer_at_least(1, "a positive integer")] = Field(
+        2, description="Nodes: one network namespace each."
+    )
+    bandwidth: str | None = Field(
+        "1gbit", description="Each link's rate in tc's bit units (100mbit, 1gbit); None leaves links unshaped."
+    )
+    subnet: str = Field("10.213.0.0/24", description="The cluster's private subnet (10.0.0.0/8 or 192.168.0.0/16).")
+    master_port: int = Field(29500, description="torchrun's static rendezvous port on node 0.")
+    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
+
+    @field_validator("bandwidth", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> Any:
+        if v is not None:
+            _tc_bits_per_s(v)
+        return v
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, v: str, info: ValidationInfo) -> str:
+        net = ipaddress.ip_network(v, strict=True)  # its ValueError names what is wrong
+        if not any(net.version == p.version and net.subnet_of(p) for p in _PRIVATE_NETS):
+            raise ValueError(
+                f"{v} is outside 10.0.0.0/8 and 192.168.0.0/16; the emulated cluster only uses private addresses"
+            )
+        nodes = info.data.get("nodes")
+        if nodes is not None and net.num_addresses - 2 < nodes:
+            raise ValueError(f"{v} has room for {net.num_addresses - 2} nodes, {nodes} requested")
+        return v
+
+
 class NetnsProvider(Provider):
     """K nodes as network namespaces on a bridge, each link shaped to `bandwidth`."""
 
     name = "netns"
+    options_model = NetnsOptions
 
-    def __init__(
-        self,
-        nodes: int = 2,
-        bandwidth: str | None = "1gbit",
-        subnet: str = "10.213.0.0/24",
-        master_port: int = 29500,
-        threads_per_process: int = 1,
-    ) -> None:
-        if not isinstance(nodes, int) or nodes < 1:
-            raise ProviderError(f"provider.options.nodes: expected a positive integer, got {nodes!r}")
-        self.nodes = nodes
-        self.bandwidth = bandwidth
-        self.rate_bps = parse_bandwidth(bandwidth) if bandwidth is not None else None
-        try:
-            net = ipaddress.ip_network(subnet, strict=True)
-        except ValueError as err:
-            raise ProviderError(f"provider.options.subnet: {err}") from None
-        if not any(net.version == p.version and net.subnet_of(p) for p in _PRIVATE_NETS):
-            raise ProviderError(
-                f"provider.options.subnet: {subnet} is outside 10.0.0.0/8 and 192.168.0.0/16; "
-                "the emulated cluster only uses private addresses"
-            )
-        if net.num_addresses - 2 < nodes:
-            raise ProviderError(
-                f"provider.options.subnet: {subnet} has room for {net.num_addresses - 2} nodes, {nodes} requested"
-            )
-        self.subnet = net
-        self.master_port = master_port
-        self.threads = threads_per_process
+    def __init__(self, **options: Any) -> None:
+        self.options = opts = NetnsOptions.parse(options)
+        self.nodes = opts.nodes
+        self.bandwidth = opts.bandwidth
+        self.rate_bps = _tc_bits_per_s(opts.bandwidth) if opts.bandwidth is not None else None
+        self.subnet = ipaddress.ip_network(opts.subnet)
+        self.master_port = opts.master_port
+        self.threads = opts.threads_per_process
         self.tag = secrets.token_hex(3)
         # the owner's pid in every namespace name lets a later provider spot a dead owner's leftovers
         self.owner_pid = os.getpid()

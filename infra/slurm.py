@@ -18,6 +18,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
 
 from infra.base import (
     Job,
@@ -29,6 +32,7 @@ from infra.base import (
     failed_ranks_from_log,
     torchrun_shell,
 )
+from infra.options import ProviderOptions, integer_at_least
 
 _TIME_RE = re.compile(r"^\d+$|^(\d+-)?\d{1,2}(:\d{2}){1,2}$|^\d+-\d{1,2}$")
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
@@ -51,36 +55,46 @@ def controller_up() -> bool:
     return " is UP" in subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout
 
 
+class SlurmOptions(ProviderOptions):
+    nodes: Annotated[int, integer_at_least(1)] = Field(1, description="Nodes of every job (sbatch --nodes).")
+    gpus_per_node: Annotated[int, integer_at_least(0)] = Field(0, description="GPUs per node (--gpus-per-node).")
+    time_limit: str | int = Field("30", description="Job time limit: minutes or [D-]HH:MM:SS.")
+    partition: str | None = Field(None, description="SLURM partition; default: the cluster's default.")
+    account: str | None = Field(None, description="SLURM account to charge.")
+    cpus_per_node: Annotated[int | None, integer_at_least(1, "a positive integer", optional=True)] = Field(
+        None, description="CPUs per node (--cpus-per-task)."
+    )
+    shared_dir: str | Path | None = Field(None, description="Working directory every node sees; default: the run's.")
+    python: str = Field(sys.executable, description="Python on the nodes that runs torchrun.")
+    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
+    poll_s: float = Field(0.5, description="Seconds between job state polls.")
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit(cls, v: Any) -> Any:
+        if not _TIME_RE.match(str(v)):
+            raise ValueError(f"expected minutes or [D-]HH:MM:SS, got {v!r}")
+        return v
+
+
 class SlurmProvider(Provider):
     """Jobs as SLURM batch jobs: `nodes` nodes, world_size / nodes ranks per node."""
 
     name = "slurm"
+    options_model = SlurmOptions
 
-    def __init__(self, nodes: int = 1, gpus_per_node: int = 0, time_limit: str | int = "30",
-                 partition: str | None = None, account: str | None = None,
-                 cpus_per_node: int | None = None, shared_dir: str | Path | None = None,
-                 python: str = sys.executable, threads_per_process: int = 1,
-                 poll_s: float = 0.5) -> None:
-        for field, value, least in (("nodes", nodes, 1), ("gpus_per_node", gpus_per_node, 0)):
-            if not isinstance(value, int) or value < least:
-                raise ProviderError(f"provider.options.{field}: expected an integer >= {least}, "
-                                    f"got {value!r}")
-        if cpus_per_node is not None and (not isinstance(cpus_per_node, int) or cpus_per_node < 1):
-            raise ProviderError(f"provider.options.cpus_per_node: expected a positive integer, "
-                                f"got {cpus_per_node!r}")
-        if not _TIME_RE.match(str(time_limit)):
-            raise ProviderError(f"provider.options.time_limit: expected minutes or [D-]HH:MM:SS, "
-                                f"got {time_limit!r}")
-        self.nodes = nodes
-        self.gpus_per_node = gpus_per_node
-        self.time_limit = str(time_limit)
-        self.partition = partition
-        self.account = account
-        self.cpus_per_node = cpus_per_node
-        self.shared_dir = Path(shared_dir) if shared_dir else None
-        self.python = python
-        self.threads = threads_per_process
-        self.poll_s = poll_s
+    def __init__(self, **options: Any) -> None:
+        self.options = opts = SlurmOptions.parse(options)
+        self.nodes = opts.nodes
+        self.gpus_per_node = opts.gpus_per_node
+        self.time_limit = str(opts.time_limit)
+        self.partition = opts.partition
+        self.account = opts.account
+        self.cpus_per_node = opts.cpus_per_node
+        self.shared_dir = Path(opts.shared_dir) if opts.shared_dir else None
+        self.python = opts.python
+        self.threads = opts.threads_per_process
+        self.poll_s = opts.poll_s
         self.last_job_id: str | None = None
         self._active: set[str] = set()
         self._nodes: list[Node] = []
