@@ -115,7 +115,7 @@ def test_straggler_past_the_timeout_ends_the_job(tmp_path):
         launch(cfg, out, LocalProvider(), timeout_s=240, echo=False)
     detected = time.monotonic() - stopped[0]
     assert detected < timeout + 20, detected
-    assert "rank 0 (worker) failed during comm_wait of step" in str(err.value)
+    assert "rank 0 (worker) failed during comm_exposed of step" in str(err.value)
     assert no_ranks_left(out)
 
 

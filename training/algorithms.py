@@ -81,7 +81,7 @@ class AllreduceSSGD(Strategy):
     def step(self, t: int) -> None:
         tl = self.timeline
         if not self.cfg.overlap and self.cfg.workers > 1:
-            with tl.phase("comm_wait"):
+            with tl.phase("comm_exposed"):
                 grads = [p.grad for p in self.params]
                 flat = _flatten_dense_tensors(grads)
                 dist.all_reduce(flat, group=self.group)
@@ -129,7 +129,7 @@ class _PushPullStrategy(_PSStrategy):
 
     def step(self, t: int) -> None:
         tl = self.timeline
-        with tl.phase("comm_wait"):
+        with tl.phase("comm_exposed"):
             self.client.gather_grads()
             self.client.wait(self.client.start_push_pull())
         with tl.phase("update"):
@@ -179,7 +179,7 @@ class ODSGD(_PSStrategy):
         slot = (t + 1) % 2
         self.client.gather_grads(slot)
         if t < cfg.warmup_steps:  # warm-up: plain SSGD-PS, W_k(t+1) = W_g(t+1)
-            with tl.phase("comm_wait"):
+            with tl.phase("comm_exposed"):
                 self.client.wait(self.client.start_push_pull(slot))
             with tl.phase("update"):
                 # A copy: the slot is refilled by a later pull while this is still in use.
@@ -188,7 +188,7 @@ class ODSGD(_PSStrategy):
                 self.zero_grad()
             return
         works = self.client.start_push_pull(slot)
-        with tl.phase("comm_wait"):
+        with tl.phase("comm_exposed"):
             w_global = self._global_weights()
         with tl.phase("update"):
             if cfg.compensation == Compensation.dc:

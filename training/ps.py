@@ -201,7 +201,7 @@ class ShardServer:
         bufs = [torch.empty_like(self.param.data) for _ in range(cfg.workers)]
         for t in range(done, cfg.steps):
             tl.begin(t)
-            with tl.phase("comm_wait"):
+            with tl.phase("comm_exposed"):
                 _wait_all([dist.irecv(bufs[k], k, group=group) for k in range(cfg.workers)], self.timeout)
             with tl.phase("update"):
                 g = bufs[0]  # summed in place, in rank order: bufs[0] is received anew next step
@@ -225,7 +225,7 @@ class ShardServer:
         buf = torch.empty_like(w)
         for push in range(done * cfg.workers, cfg.steps * cfg.workers):
             tl.begin(push)
-            with tl.phase("comm_wait"):
+            with tl.phase("comm_exposed"):
                 src = dist.recv(buf, group=group)  # any source: applied on arrival
             with tl.phase("update"):
                 self.stats.staleness[self.version - self.seen[src]] += 1

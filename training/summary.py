@@ -46,7 +46,6 @@ def timing_figures(cfg: TrainConfig, records: list[dict[str, Any]], steps: int) 
     for phase in WORKER_PHASES:
         spans = [r["phases"].get(phase) for r in measured]
         breakdown[phase] = sum((s[1] - s[0]) for s in spans if s) / max(len(measured), 1)
-    breakdown["comm_exposed"] = breakdown.pop("comm_wait")
     return {
         "throughput_samples_per_s": samples / (end - start) if end > start else None,
         "iter_time_s": {

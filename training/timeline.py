@@ -5,7 +5,7 @@ common epoch taken right after a barrier of all ranks:
 
     {"rank": 0, "role": "worker", "step": 3, "start": 1.20, "end": 1.31,
      "phases": {"data": [1.20, 1.21], "forward": [...], "backward": [...],
-                "comm_wait": [...], "update": [...]}}
+                "comm_exposed": [...], "update": [...]}}
 
 Worker phases are `WORKER_PHASES`; server shards record `SERVER_PHASES`. The
 predicted timelines of `modelling/` use the same format, so a measured and a
@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-WORKER_PHASES = ("data", "forward", "backward", "comm_wait", "update")
-SERVER_PHASES = ("comm_wait", "update", "send")
+WORKER_PHASES = ("data", "forward", "backward", "comm_exposed", "update")
+SERVER_PHASES = ("comm_exposed", "update", "send")
 
 
 class Timeline:

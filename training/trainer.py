@@ -128,7 +128,7 @@ class Trainer:
                 if self.overlapped:  # DDP's wait for the last buckets is communication
                     compute_end = min(max(self.strategy.backward_compute_end(), b0), b1)
                     tl.mark("backward", b0, compute_end)
-                    tl.mark("comm_wait", compute_end, b1)
+                    tl.mark("comm_exposed", compute_end, b1)
                 else:
                     tl.mark("backward", b0, b1)
                 self.strategy.step(t)
