@@ -190,7 +190,7 @@ def _scenario(scenario: Scenario | None, settings: dict[str, Any]) -> Scenario:
         return scenario
     if "comm_mode" in settings:
         settings["comm"] = settings.pop("comm_mode")
-    return Scenario.of(**settings)
+    return Scenario.of("scenario", **settings)
 
 
 def _decided(s: Scenario, comm_model: dict[str, Any]) -> Scenario:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from training.config import Algorithm, Comm, TrainConfig, format_validation_error
+from modelling.configs import Config
+from training.config import Algorithm, Comm, TrainConfig
 
 ALGORITHMS = tuple(a.value for a in Algorithm)
 COMM_MODES = tuple(c.value for c in Comm)
@@ -23,10 +24,9 @@ def default_comm(algorithm: str) -> str:
     return Comm.allreduce.value if algorithm == Algorithm.ssgd.value else Comm.ps.value
 
 
-class Scenario(BaseModel):
-    """One configuration to predict: algorithm, communication, world and what-ifs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Scenario(Config):
+    """One configuration to predict: algorithm, communication, world and what-ifs.
+    `Scenario.of("scenario", **values)` gives errors as `scenario.comm: ...`."""
 
     algorithm: str = Field(_TRAIN["algorithm"].default.value, description="ssgd, asgd or odsgd.")
     comm: str | None = Field(
@@ -74,18 +74,10 @@ class Scenario(BaseModel):
         return v
 
     @classmethod
-    def of(cls, **values: Any) -> Scenario:
-        """A Scenario, or ValueError naming each bad field: `scenario.comm: ...`."""
-        try:
-            return cls(**values)
-        except ValidationError as err:
-            raise ValueError(format_validation_error(err, "scenario")) from None
-
-    @classmethod
     def from_train_config(cls, cfg: TrainConfig, **overrides: Any) -> Scenario:
         """The scenario of a training job (overrides: what-ifs such as bandwidth_bytes_per_s)."""
         values = cfg.model_dump(mode="json", include=set(cls.model_fields) & set(TrainConfig.model_fields))
-        return cls.of(**{**values, **overrides})
+        return cls.of("scenario", **{**values, **overrides})
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any]) -> Scenario:
@@ -100,7 +92,7 @@ class Scenario(BaseModel):
             "bucket_mb": config.get("bucket_mb"),
             "batch_size": summary["batch_size"],
         }
-        return cls.of(**{k: v for k, v in values.items() if v is not None})
+        return cls.of("scenario", **{k: v for k, v in values.items() if v is not None})
 
     @classmethod
     def settings_in(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +100,7 @@ class Scenario(BaseModel):
         return {k: v for k, v in options.items() if k in cls.model_fields}
 
     def with_workers(self, workers: int) -> Scenario:
-        return Scenario.of(**{**self.model_dump(), "workers": workers})
+        return Scenario.of("scenario", **{**self.model_dump(), "workers": workers})
 
     @property
     def bucket_bytes(self) -> int:
