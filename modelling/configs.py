@@ -85,7 +85,9 @@ class MicrobenchConfig(MicrobenchSettings):
     """One microbenchmark job (`modelling.microbench.run_microbench`)."""
 
     workers: int = Field(ge=1, description="Worker ranks N.")
-    servers: int = Field(0, ge=0, description="Parameter-server shards S (push/pull is measured when S >= 1).")
+    servers: int = Field(
+        0, ge=0, validate_default=True, description="Parameter-server shards S (push/pull is measured when S >= 1)."
+    )
     link_bytes_per_s: float | None = Field(
         None, gt=0, description="The link's known rate, recorded so `fit` can flag impossible fits."
     )
