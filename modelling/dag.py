@@ -16,12 +16,10 @@ on the shard's link.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from modelling.scenario import Scenario
 from modelling.simulate import Dag
-
-ALGORITHMS = ("ssgd", "asgd", "odsgd")
-COMM_MODES = ("allreduce", "ps")
 
 
 @dataclass
@@ -53,6 +51,40 @@ class Costs:
         return sum(self.layer_bytes)
 
 
+@dataclass(frozen=True)
+class Resource:
+    """What a task holds while it runs: a part of one rank (worker 0's compute, shard 1's
+    link) or the shared network of a ring."""
+
+    role: str  # "worker", "server" or "network"
+    index: int | None = None
+    part: str = ""  # "compute", "link" or "loader"
+
+    @property
+    def owner(self) -> str:
+        """The rank it belongs to, as the DAG's owners name them: worker0, server1."""
+        return self.role if self.index is None else f"{self.role}{self.index}"
+
+    @property
+    def group(self) -> str:
+        """The same part of every rank of its role (utilisation is per group): server.link."""
+        return self.role + ("." + self.part if self.part else "")
+
+    def __str__(self) -> str:
+        return self.owner + ("." + self.part if self.part else "")
+
+
+NETWORK = Resource("network")
+
+
+def compute(role: str, index: int) -> Resource:
+    return Resource(role, index, "compute")
+
+
+def link(role: str, index: int) -> Resource:
+    return Resource(role, index, "link")
+
+
 @dataclass
 class Plan:
     """A built DAG and where to read its results."""
@@ -67,8 +99,8 @@ def comm_task(
     name: str,
     duration: float,
     cpu_s: float | None,
-    links: tuple[str, ...],
-    cpus: tuple[str, ...],
+    links: tuple[Resource, ...],
+    cpus: tuple[Resource, ...],
     deps,
     **kw,
 ) -> int:
@@ -113,7 +145,7 @@ def _split(workers: int, classes: int) -> list[int]:
 def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, bucket_bytes: int) -> Plan:
     """SSGD-allreduce on one representative worker. bucket_bytes <= 0: per-layer WFBP."""
     dag = Dag()
-    w, cpu, net, loader = "worker0", "worker0.compute", "network", "worker0.loader"
+    w, cpu, net, loader = "worker0", compute("worker", 0), NETWORK, Resource("worker", 0, "loader")
     cpus = (cpu,) if c.comm_on_cpu else ()
     ar_cpu = c.allreduce_cpu_s or (lambda _m: None)
     n_layers = len(c.fwd)
@@ -192,135 +224,149 @@ def comm_groups(c: Costs, overlap: bool, bucket_bytes: int) -> list[tuple[int, i
     return out
 
 
+class _PSBuilder:
+    """Worker classes pushing to and pulling from S shards, iteration by iteration. As the
+    strategies of training/algorithms.py do, each algorithm says only what happens between
+    backward and the next forward: how gradients reach the shards (`exchange`) and what
+    the worker's update waits for (`update`)."""
+
+    def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
+        self.c, self.servers, self.dag = c, servers, Dag()
+        self.mult = _split(workers, min(workers, max_classes))
+        self.owners = [f"worker{k}" for k in range(len(self.mult))]
+        self.shard_bytes = [
+            c.model_bytes // servers + (1 if s < c.model_bytes % servers else 0) for s in range(servers)
+        ]
+        self.prev_update: list[int | None] = [None] * len(self.mult)
+        self.prev_push: list[list[int | None]] = [[None] * servers for _ in self.mult]
+
+    def build(self, iterations: int) -> Plan:
+        ends: dict[str, list[int]] = {w: [] for w in self.owners}
+        for t in range(iterations):
+            packs = [self._compute(t, k) for k in range(len(self.mult))]
+            pulls = self.exchange(t, packs)
+            for k, w in enumerate(self.owners):
+                self.prev_update[k] = self.update(t, k, packs[k], pulls[k])
+                ends[w].append(self.prev_update[k])
+        return Plan(self.dag, ends, dict(zip(self.owners, self.mult, strict=True)))
+
+    def _compute(self, t: int, k: int) -> int:
+        """Load, forward, backward and pack: the task that has the gradients ready to send."""
+        c, dag, w, cpu = self.c, self.dag, self.owners[k], (compute("worker", k),)
+        data = dag.add("data", c.data_s, (Resource("worker", k, "loader"),), (self.prev_update[k],),
+                       kind="data", owner=w, step=t)
+        fwd = dag.add("forward", sum(c.fwd), cpu, (data,), kind="forward", owner=w, step=t)
+        bwd = dag.add("backward", sum(c.bwd), cpu, (fwd,), kind="backward", owner=w, step=t)
+        if c.straggle_s:  # the shard's barrier waits for the slowest worker's push
+            bwd = dag.add("straggler", c.straggle_s, (), (bwd,), kind="straggle", owner=w, step=t)
+        # OD-SGD reuses the push buffer, so its previous push must have left.
+        return dag.add("pack", c.pack_s, cpu, (bwd, *self.prev_push[k]), kind="backward", owner=w, step=t)
+
+    def cpus(self, k: int, s: int | None = None) -> tuple[Resource, ...]:
+        """The CPUs a loopback transfer copies on: the worker's, and the shard's."""
+        if not self.c.comm_on_cpu:
+            return ()
+        return (compute("worker", k),) if s is None else (compute("worker", k), compute("server", s))
+
+    def copy_s(self, m: int, times: float) -> float | None:
+        return None if self.c.transfer_cpu_s is None else times * self.c.transfer_cpu_s(m)
+
+    def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
+        """Per worker class, the tasks that bring back its share of the global model."""
+        raise NotImplementedError
+
+    def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
+        """The worker's update: copy the pulled model in (unpack); it waits for this step's pulls."""
+        return self.dag.add("update", self.c.unpack_s, (compute("worker", k),), (pack, *pulls),
+                            kind="update", owner=self.owners[k], step=t)
+
+
+class _SyncServer(_PSBuilder):
+    """The SSGD-PS server loop of each shard: receive all N pushes, update, send N pulls."""
+
+    def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
+        super().__init__(c, workers, servers, max_classes)
+        self.shard_free: list[int | None] = [None] * servers  # the shard's loop is back at receive
+
+    def _transfer(self, name: str, t: int, k: int, s: int, deps) -> int:
+        c, nbytes = self.c, self.shard_bytes[s]
+        return comm_task(self.dag, name, self.mult[k] * c.transfer_s(nbytes), self.copy_s(nbytes, self.mult[k]),
+                         (link("worker", k), link("server", s)), self.cpus(k, s), deps,
+                         kind="comm", owner=self.owners[k], step=t)
+
+    def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
+        pulls: list[list[int]] = [[] for _ in self.mult]
+        for s in range(self.servers):
+            pushes = []
+            for k in range(len(self.mult)):
+                self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], self.shard_free[s]))
+                pushes.append(self.prev_push[k][s])
+            update = self.dag.add("server update", self.c.server_update_s / self.servers, (compute("server", s),),
+                                  pushes, kind="server_update", owner=f"server{s}", step=t)
+            shard_pulls = [self._transfer(f"pull s{s}", t, k, s, (update,)) for k in range(len(self.mult))]
+            for k, pull in enumerate(shard_pulls):
+                pulls[k].append(pull)
+            self.shard_free[s] = self.dag.add("server ready", 0.0, (), shard_pulls, kind="server_ready",
+                                              owner=f"server{s}", step=t)
+        return pulls
+
+
+class PSSSGDPlan(_SyncServer):
+    """SSGD over a parameter server: every worker waits for W_g(t+1)."""
+
+
+class ODSGDPlan(_SyncServer):
+    """OD-SGD: the local update uses W_g(t), pulled during t-1; this step's pull runs on."""
+
+    def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
+        super().__init__(c, workers, servers, max_classes)
+        self.prev_pulls: list[list[int]] = [[] for _ in self.mult]  # the pulls of W_g(t)
+
+    def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
+        deps, self.prev_pulls[k] = (pack, *self.prev_pulls[k]), pulls
+        return self.dag.add("update", self.c.unpack_s + self.c.update_s, (compute("worker", k),), deps,
+                            kind="update", owner=self.owners[k], step=t)
+
+
+class ASGDPlan(_PSBuilder):
+    """ASGD: each shard serves one push at a time, its update and reply included; no barrier."""
+
+    def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
+        c, pulls = self.c, [[] for _ in self.mult]
+        for k, w in enumerate(self.owners):
+            for s in range(self.servers):
+                # One pass of the shard's serial loop: receive, apply, reply.
+                serve = self.mult[k] * (2 * c.transfer_s(self.shard_bytes[s]) + c.server_apply_s / self.servers)
+                copies = self.copy_s(self.shard_bytes[s], 2 * self.mult[k])
+                cpu_s = None if copies is None else copies + self.mult[k] * c.server_apply_s / self.servers
+                pulls[k].append(comm_task(self.dag, f"push-apply-pull s{s}", serve, cpu_s,
+                                          (link("worker", k), link("server", s), compute("server", s)),
+                                          self.cpus(k), (packs[k],), kind="comm", owner=w, step=t))
+        return pulls
+
+
+PS_PLANS: dict[str, type[_PSBuilder]] = {"ssgd": PSSSGDPlan, "asgd": ASGDPlan, "odsgd": ODSGDPlan}
+# Unrolled iterations: enough for the asynchronous pipelines to settle; the
+# second half is the steady state that is measured.
+ITERATIONS = {("ssgd", "allreduce"): 3, ("ssgd", "ps"): 4, ("odsgd", "ps"): 6, ("asgd", "ps"): 8}
+
+
 def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: int, max_classes: int = 8) -> Plan:
     """SSGD-PS, ASGD or OD-SGD: worker classes pushing to and pulling from S shards."""
-    dag = Dag()
-    mult = _split(workers, min(workers, max_classes))
-    owners = [f"worker{k}" for k in range(len(mult))]
-    shard_bytes = [c.model_bytes // servers + (1 if s < c.model_bytes % servers else 0) for s in range(servers)]
-    ends: dict[str, list[int]] = {w: [] for w in owners}
-    prev_update: list[int | None] = [None] * len(mult)
-    prev_push: list[list[int | None]] = [[None] * servers for _ in mult]
-    prev_pulls: list[list[int]] = [[] for _ in mult]  # OD-SGD: the pulls of W_g(t)
-    shard_free: list[int | None] = [None] * servers  # sync server: its loop is back at receive
+    return PS_PLANS[algorithm](c, workers, servers, max_classes).build(iterations)
 
-    def cpu_of(w: str, s: int | None = None) -> tuple[str, ...]:
-        """The CPUs a loopback transfer copies on: the worker's, and the shard's."""
-        if not c.comm_on_cpu:
-            return ()
-        return (f"{w}.compute",) if s is None else (f"{w}.compute", f"server{s}.compute")
 
-    def copy_s(m: int, times: float) -> float | None:
-        return None if c.transfer_cpu_s is None else times * c.transfer_cpu_s(m)
-
-    for t in range(iterations):
-        packs = []
-        for k, w in enumerate(owners):
-            cpu = f"{w}.compute"
-            data = dag.add("data", c.data_s, (f"{w}.loader",), (prev_update[k],), kind="data", owner=w, step=t)
-            fwd = dag.add("forward", sum(c.fwd), (cpu,), (data,), kind="forward", owner=w, step=t)
-            bwd = dag.add("backward", sum(c.bwd), (cpu,), (fwd,), kind="backward", owner=w, step=t)
-            if c.straggle_s:  # the shard's barrier waits for the slowest worker's push
-                bwd = dag.add("straggler", c.straggle_s, (), (bwd,), kind="straggle", owner=w, step=t)
-            # OD-SGD reuses the push buffer, so its previous push must have left.
-            packs.append(dag.add("pack", c.pack_s, (cpu,), (bwd, *prev_push[k]), kind="backward", owner=w, step=t))
-        pulls: list[list[int]] = [[] for _ in mult]
-        if algorithm == "asgd":
-            for k, w in enumerate(owners):
-                for s in range(servers):
-                    # One pass of the shard's serial loop: receive, apply, reply.
-                    serve = mult[k] * (2 * c.transfer_s(shard_bytes[s]) + c.server_apply_s / servers)
-                    copies = copy_s(shard_bytes[s], 2 * mult[k])
-                    pulls[k].append(
-                        comm_task(
-                            dag,
-                            f"push-apply-pull s{s}",
-                            serve,
-                            None if copies is None else copies + mult[k] * c.server_apply_s / servers,
-                            (f"{w}.link", f"server{s}.link", f"server{s}.compute"),
-                            cpu_of(w),
-                            (packs[k],),
-                            kind="comm",
-                            owner=w,
-                            step=t,
-                        )
-                    )
-        else:
-            for s in range(servers):
-                pushes = []
-                for k, w in enumerate(owners):
-                    push = comm_task(
-                        dag,
-                        f"push s{s}",
-                        mult[k] * c.transfer_s(shard_bytes[s]),
-                        copy_s(shard_bytes[s], mult[k]),
-                        (f"{w}.link", f"server{s}.link"),
-                        cpu_of(w, s),
-                        (packs[k], shard_free[s]),
-                        kind="comm",
-                        owner=w,
-                        step=t,
-                    )
-                    prev_push[k][s] = push
-                    pushes.append(push)
-                update = dag.add(
-                    "server update",
-                    c.server_update_s / servers,
-                    (f"server{s}.compute",),
-                    pushes,
-                    kind="server_update",
-                    owner=f"server{s}",
-                    step=t,
-                )
-                shard_pulls = []
-                for k, w in enumerate(owners):
-                    pull = comm_task(
-                        dag,
-                        f"pull s{s}",
-                        mult[k] * c.transfer_s(shard_bytes[s]),
-                        copy_s(shard_bytes[s], mult[k]),
-                        (f"{w}.link", f"server{s}.link"),
-                        cpu_of(w, s),
-                        (update,),
-                        kind="comm",
-                        owner=w,
-                        step=t,
-                    )
-                    pulls[k].append(pull)
-                    shard_pulls.append(pull)
-                shard_free[s] = dag.add(
-                    "server ready", 0.0, (), shard_pulls, kind="server_ready", owner=f"server{s}", step=t
-                )
-        for k, w in enumerate(owners):
-            cpu = f"{w}.compute"
-            if algorithm == "odsgd":
-                # Local update with W_g(t), pulled during t-1; this step's pull runs on.
-                deps = (packs[k], *prev_pulls[k])
-                prev_pulls[k] = pulls[k]
-            else:
-                deps = (packs[k], *pulls[k])
-            prev_update[k] = dag.add(
-                "update", c.unpack_s + c.update_s * (algorithm == "odsgd"), (cpu,), deps, kind="update", owner=w, step=t
-            )
-            ends[w].append(prev_update[k])
-    return Plan(dag, ends, dict(zip(owners, mult, strict=True)))
+def build_plan(c: Costs, s: Scenario) -> Plan:
+    """The unrolled DAG of scenario `s` (its world size; costs for that world size)."""
+    iterations = ITERATIONS[(s.algorithm, s.comm)]
+    if s.comm == "allreduce":
+        return build_allreduce(c, s.workers, iterations, overlap=s.overlap, bucket_bytes=s.bucket_bytes)
+    return build_ps(c, s.algorithm, s.workers, s.servers, iterations)
 
 
 def without_compute(c: Costs) -> Costs:
     """The same iteration with every worker computation free: communication alone."""
     n = len(c.fwd)
-    return Costs(
-        fwd=[0.0] * n,
-        bwd=[0.0] * n,
-        layer_bytes=c.layer_bytes,
-        param_tensor_bytes=c.param_tensor_bytes,
-        data_s=0.0,
-        update_s=0.0,
-        server_update_s=c.server_update_s,
-        server_apply_s=c.server_apply_s,
-        allreduce_s=c.allreduce_s,
-        transfer_s=c.transfer_s,
-        comm_on_cpu=c.comm_on_cpu,
-        allreduce_cpu_s=c.allreduce_cpu_s,
-        transfer_cpu_s=c.transfer_cpu_s,
+    return replace(
+        c, fwd=[0.0] * n, bwd=[0.0] * n, data_s=0.0, update_s=0.0, pack_s=0.0, unpack_s=0.0, straggle_s=0.0
     )

@@ -12,10 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from modelling.configs import DEFAULT_SIZES, MicrobenchConfig
 from modelling.fit import load_comm
 
-# 4 KiB .. 16 MiB, every factor of 4: a few seconds on a laptop.
-DEFAULT_SIZES = [4096 * 4**i for i in range(7)]
+__all__ = ["DEFAULT_SIZES", "MicrobenchConfig", "MicrobenchFailed", "run_config", "run_microbench"]
+
+
+_DEFAULT = MicrobenchConfig.model_fields
 
 
 class MicrobenchFailed(RuntimeError):
@@ -29,49 +32,45 @@ def run_microbench(
     *,
     provider=None,
     sizes: list[int] | None = None,
-    repeats: int = 5,
-    timeout_s: float = 600,
+    repeats: int = _DEFAULT["repeats"].default,
+    timeout_s: float = _DEFAULT["timeout_s"].default,
     link_bytes_per_s: float | None = None,
-    gap_s: float = 0.002,
+    gap_s: float = _DEFAULT["gap_s"].default,
     echo: bool = False,
 ) -> dict[str, Any]:
     """Measure, write out_dir/comm.json and return its content. Every timed operation
     follows `gap_s` of computation on every rank, as a training step's communication does."""
+    config = MicrobenchConfig.of(
+        "microbench",
+        workers=workers,
+        servers=servers,
+        sizes=sizes,
+        repeats=repeats,
+        timeout_s=timeout_s,
+        link_bytes_per_s=link_bytes_per_s,
+        gap_s=gap_s,
+    )
+    return run_config(config, Path(out_dir), provider=provider, echo=echo)
+
+
+def run_config(config: MicrobenchConfig, out_dir: Path, *, provider=None, echo: bool = False) -> dict[str, Any]:
+    """run_microbench of a MicrobenchConfig."""
     from infra import Job
 
-    sizes = sorted(sizes or DEFAULT_SIZES)
-    if workers < 1 or servers < 0:
-        raise ValueError(f"workers/servers: need workers >= 1 and servers >= 0, got {workers}/{servers}")
-    if workers + servers < 2:
-        raise ValueError("workers: a microbenchmark needs at least 2 ranks (workers + servers)")
-    if len(sizes) < 2 or sizes[0] < 4:
-        raise ValueError(f"sizes: need two or more message sizes of at least 4 bytes, got {sizes}")
-    if repeats < 1:
-        raise ValueError(f"repeats: must be at least 1, got {repeats}")
-    if not 0 <= gap_s <= 10:
-        raise ValueError(f"gap_s: the computation before each operation must be 0-10 s, got {gap_s}")
     if provider is None:
         from infra.local import LocalProvider
 
         provider = LocalProvider()
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = {
-        "workers": workers,
-        "servers": servers,
-        "sizes": sizes,
-        "repeats": repeats,
-        "timeout_s": timeout_s,
-        "link_bytes_per_s": link_bytes_per_s,
-        "gap_s": gap_s,
-    }
+    spec = {**config.model_dump(mode="json"), "sizes": config.measured_sizes}
     (out_dir / "microbench.json").write_text(json.dumps(spec, indent=2))
     (out_dir / "comm.json").unlink(missing_ok=True)
     job = Job(
         module="modelling.microbench_rank",
         args=[str(out_dir.resolve())],
-        world_size=workers + servers,
+        world_size=config.workers + config.servers,
         log_path=out_dir / "microbench.log",
-        timeout_s=timeout_s,
+        timeout_s=config.timeout_s,
     )
     result = provider.run(job, echo=echo)
     if not result.ok or not (out_dir / "comm.json").exists():

@@ -9,36 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from modelling.dag import (
-    ALGORITHMS,
-    COMM_MODES,
-    Costs,
-    Plan,
-    build_allreduce,
-    build_ps,
-    comm_groups,
-    without_compute,
-)
+from modelling.dag import Costs, Plan, Resource, build_plan, comm_groups, without_compute
 from modelling.fit import CommCosts, CommModelError
 from modelling.layers import check_layers
+from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 
 WORKER_TASKS = ("data", "forward", "backward", "update")  # worker computation, by task kind
 SERVER_PHASE = {"push": "comm_wait", "pull": "send", "push-apply-pull": "update"}
-# Unrolled iterations: enough for the asynchronous pipelines to settle; the
-# second half is the steady state that is measured.
-ITERATIONS = {("ssgd", "allreduce"): 3, ("ssgd", "ps"): 4, ("odsgd", "ps"): 6, ("asgd", "ps"): 8}
-
-
-def _check(algorithm: str, comm_mode: str, servers: int) -> None:
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
-    if comm_mode not in COMM_MODES:
-        raise ValueError(f"comm: unknown communication {comm_mode!r}; use allreduce or ps")
-    if algorithm != "ssgd" and comm_mode != "ps":
-        raise ValueError(f"comm: {algorithm} runs on a parameter server; use comm ps, not {comm_mode}")
-    if comm_mode == "ps" and servers < 1:
-        raise ValueError(f"servers: comm ps needs at least 1 shard, got {servers}")
 
 
 def expected_straggle(samples: list[float], workers: int) -> float:
@@ -52,22 +30,14 @@ def expected_straggle(samples: list[float], workers: int) -> float:
     return max(e_max - statistics.median(xs), 0.0)
 
 
-def build_costs(
-    layers: dict[str, Any],
-    comm: CommCosts,
-    workers: int,
-    servers: int,
-    comm_mode: str,
-    batch_size: int | None = None,
-    algorithm: str = "ssgd",
-    comm_on_cpu: bool = False,
-) -> Costs:
+def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
     """Task durations for one world size; compute scales linearly to another batch size.
     Only SSGD waits for every worker every iteration, so only it pays for stragglers."""
-    scale = batch_size / layers["batch_size"] if batch_size else 1.0
+    scale = s.batch_size / layers["batch_size"] if s.batch_size else 1.0
     samples = layers.get("iteration_samples_s") or []
-    allreduce = comm.allreduce(workers) if comm_mode == "allreduce" else (lambda _m: 0.0)
-    transfer = comm.transfer(workers, servers) if comm_mode == "ps" else (lambda _m: 0.0)
+    allreduce = comm.allreduce(s.workers) if s.comm == "allreduce" else (lambda _m: 0.0)
+    transfer = comm.transfer(s.workers, s.servers) if s.comm == "ps" else (lambda _m: 0.0)
+    on_cpu = bool(s.comm_on_cpu)
     rows = layers["layers"]
     return Costs(
         fwd=[r["fwd_s"] * scale for r in rows],
@@ -78,14 +48,14 @@ def build_costs(
         update_s=layers["update_s"],
         pack_s=layers.get("pack_s", 0.0),
         unpack_s=layers.get("unpack_s", 0.0),
-        server_update_s=layers.get("server_update_s", 0.0) + (workers - 1) * layers.get("server_add_s", 0.0),
+        server_update_s=layers.get("server_update_s", 0.0) + (s.workers - 1) * layers.get("server_add_s", 0.0),
         server_apply_s=layers.get("server_add_s", 0.0),
         allreduce_s=allreduce,
         transfer_s=transfer,
-        allreduce_cpu_s=copying_part(allreduce) if comm_on_cpu else None,
-        transfer_cpu_s=copying_part(transfer) if comm_on_cpu else None,
-        straggle_s=expected_straggle(samples, workers) * scale if algorithm == "ssgd" else 0.0,
-        comm_on_cpu=comm_on_cpu,
+        allreduce_cpu_s=copying_part(allreduce) if on_cpu else None,
+        transfer_cpu_s=copying_part(transfer) if on_cpu else None,
+        straggle_s=expected_straggle(samples, s.workers) * scale if s.algorithm == "ssgd" else 0.0,
+        comm_on_cpu=on_cpu,
     )
 
 
@@ -115,21 +85,6 @@ def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = N
     )
 
 
-def _plan(
-    c: Costs,
-    algorithm: str,
-    comm_mode: str,
-    workers: int,
-    servers: int,
-    overlap: bool,
-    bucket_mb: float,
-    iterations: int,
-) -> Plan:
-    if comm_mode == "allreduce":
-        return build_allreduce(c, workers, iterations, overlap=overlap, bucket_bytes=int(bucket_mb * 1024 * 1024))
-    return build_ps(c, algorithm, workers, servers, iterations)
-
-
 def _periods(plan: Plan, sched: Schedule) -> dict[str, float]:
     """Each worker's steady-state iteration period over the second half."""
     out = {}
@@ -137,11 +92,6 @@ def _periods(plan: Plan, sched: Schedule) -> dict[str, float]:
         k = len(ends) // 2
         out[owner] = (sched.end[ends[-1]] - sched.end[ends[k - 1]]) / (len(ends) - k)
     return out
-
-
-def _resource_group(name: str) -> str:
-    role, _, part = name.partition(".")
-    return "".join(ch for ch in role if not ch.isdigit()) + ("." + part if part else "")
 
 
 def _compact_path(plan: Plan, sched: Schedule, path: list[int]) -> list[dict[str, Any]]:
@@ -156,51 +106,34 @@ def _compact_path(plan: Plan, sched: Schedule, path: list[int]) -> list[dict[str
     return out
 
 
-def predict_one(
-    layers: dict[str, Any],
-    comm: CommCosts,
-    *,
-    algorithm: str,
-    comm_mode: str,
-    workers: int,
-    servers: int,
-    overlap: bool,
-    bucket_mb: float,
-    batch_size: int | None,
-    comm_on_cpu: bool = False,
-    host_cores: int | None = None,
-) -> dict[str, Any]:
-    servers = servers if comm_mode == "ps" else 0
-    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm, comm_on_cpu)
-    iterations = ITERATIONS[(algorithm, comm_mode)]
-    plan = _plan(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, iterations)
+def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores: int | None = None) -> dict[str, Any]:
+    """The prediction of one scenario (its comm_on_cpu decided: see `predict`)."""
+    costs = build_costs(layers, comm, s)
+    plan = build_plan(costs, s)
     sched = simulate(plan.dag)
     periods = _periods(plan, sched)
     total = sum(plan.multiplicity.values())
     iter_time = sum(periods[o] * m for o, m in plan.multiplicity.items()) / total
-    batch = batch_size or layers["batch_size"]
+    batch = s.batch_size or layers["batch_size"]
     throughput = sum(m * batch / periods[o] for o, m in plan.multiplicity.items() if periods[o] > 0)
-    host_bound = host_cpu_bound(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, host_cores)
+    host_bound = host_cpu_bound(costs, s, host_cores)
     if host_bound > iter_time:  # the host's cores, not any one rank's tasks, set the pace
         throughput *= iter_time / host_bound
         iter_time = host_bound
-    if comm_mode == "allreduce":
+    if s.comm == "allreduce":
         # All buckets queue on the network: communication alone is their sum.
-        comm_s = (
-            sum(costs.allreduce_s(nbytes) for _, nbytes in comm_groups(costs, overlap, int(bucket_mb * 1024 * 1024)))
-            if workers > 1
-            else 0.0
-        )
+        groups = comm_groups(costs, s.overlap, s.bucket_bytes)
+        comm_s = sum(costs.allreduce_s(nbytes) for _, nbytes in groups) if s.workers > 1 else 0.0
     else:
-        bare = _plan(without_compute(costs), algorithm, comm_mode, workers, servers, overlap, bucket_mb, iterations)
+        bare = build_plan(without_compute(costs), s)
         bare_periods = _periods(bare, simulate(bare.dag))
         comm_s = sum(bare_periods[o] * m for o, m in bare.multiplicity.items()) / total
     ends = plan.iteration_ends["worker0"]
     k = len(ends) // 2
     t0, t1 = sched.end[ends[k - 1]], sched.end[ends[-1]]
-    groups: dict[str, list[float]] = {}
+    groups_busy: dict[str, list[float]] = {}
     for res, busy in busy_time(plan.dag, sched, t0, t1).items():
-        groups.setdefault(_resource_group(res), []).append(busy / (t1 - t0) if t1 > t0 else 0.0)
+        groups_busy.setdefault(res.group, []).append(busy / (t1 - t0) if t1 > t0 else 0.0)
     dag = plan.dag
     compute_s = sum(
         dag.durations[t]
@@ -208,127 +141,104 @@ def predict_one(
         if dag.owners[t] == "worker0" and dag.steps[t] == 0 and dag.kinds[t] in (*WORKER_TASKS, "straggle")
     )
     return {
-        "workers": workers,
-        "servers": servers,
-        "algorithm": algorithm,
-        "comm": comm_mode,
+        "workers": s.workers,
+        "servers": s.servers,
+        "algorithm": s.algorithm,
+        "comm": s.comm,
         "iter_time_s": iter_time,
         "throughput_samples_per_s": throughput,
         "compute_s": compute_s,
         "comm_s": comm_s,
-        "utilisation": {g: sum(v) / len(v) for g, v in sorted(groups.items())},
+        "utilisation": {g: sum(v) / len(v) for g, v in sorted(groups_busy.items())},
         "critical_path": _compact_path(plan, sched, critical_path(plan.dag, sched, ends[-1], t0)),
         "host_cpu_bound_s": host_bound,
     }
 
 
-def host_cpu_bound(
-    c: Costs,
-    algorithm: str,
-    comm_mode: str,
-    workers: int,
-    servers: int,
-    overlap: bool,
-    bucket_mb: float,
-    host_cores: int | None,
-) -> float:
+def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
     """On loopback every rank shares one host: an iteration cannot take less than the CPU
     time all ranks spend in it over the cores they can use. Each rank runs on one core
     at a time; a transfer's copying keeps the CPUs at both of its ends busy (into and out
     of the socket), a ring allreduce's every rank's. 0 when comm is not on the CPU."""
     if not c.comm_on_cpu or not host_cores:
         return 0.0
+    ps = s.comm == "ps"
     per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s
-    if comm_mode == "ps" or workers > 1:  # one allreduce worker has nothing to copy
+    if ps or s.workers > 1:  # one allreduce worker has nothing to copy
         per_worker += c.unpack_s
-        per_worker += c.pack_s if (comm_mode == "ps" or not overlap) else 0.0  # DDP fills buckets in backward
-    per_worker += c.update_s if (comm_mode == "allreduce" or algorithm == "odsgd") else 0.0
-    work = workers * per_worker
-    if comm_mode == "allreduce":
-        groups = comm_groups(c, overlap, int(bucket_mb * 1024 * 1024)) if workers > 1 else []
+        per_worker += c.pack_s if (ps or not s.overlap) else 0.0  # DDP fills buckets in backward
+    per_worker += c.update_s if (not ps or s.algorithm == "odsgd") else 0.0
+    work = s.workers * per_worker
+    if not ps:
+        groups = comm_groups(c, s.overlap, s.bucket_bytes) if s.workers > 1 else []
         copying = c.allreduce_cpu_s or c.allreduce_s
-        work += workers * sum(copying(nbytes) for _, nbytes in groups)
+        work += s.workers * sum(copying(nbytes) for _, nbytes in groups)
     else:
-        shard = c.model_bytes / servers
+        shard = c.model_bytes / s.servers
         copying = c.transfer_cpu_s or c.transfer_s
-        work += 2 * 2 * workers * servers * copying(int(shard))  # push and pull, two ends each
-        work += c.server_update_s if algorithm != "asgd" else workers * c.server_apply_s
-    return work / min(host_cores, workers + servers)
+        work += 2 * 2 * s.workers * s.servers * copying(int(shard))  # push and pull, two ends each
+        work += c.server_update_s if s.algorithm != "asgd" else s.workers * c.server_apply_s
+    return work / min(host_cores, s.ranks)
+
+
+def _scenario(scenario: Scenario | None, settings: dict[str, Any]) -> Scenario:
+    """The scenario given, or one from the keyword settings of the older call
+    (algorithm=, comm_mode=, servers=, bandwidth_bytes_per_s=, bucket_mb=, ...)."""
+    if scenario is not None:
+        if settings:
+            raise TypeError(f"give a Scenario or its settings, not both (got {', '.join(sorted(settings))})")
+        return scenario
+    if "comm_mode" in settings:
+        settings["comm"] = settings.pop("comm_mode")
+    return Scenario.of("scenario", **settings)
+
+
+def _decided(s: Scenario, comm_model: dict[str, Any]) -> Scenario:
+    """comm_on_cpu None: whether the comm model is loopback for this world."""
+    if s.comm_on_cpu is not None:
+        return s
+    return s.model_copy(update={"comm_on_cpu": loopback(comm_model, s.bandwidth_bytes_per_s, s.ranks)})
 
 
 def predict(
     layers: dict[str, Any],
     comm_model: dict[str, Any],
+    scenario: Scenario | None = None,
     *,
-    algorithm: str,
-    comm_mode: str,
-    workers: list[int],
-    servers: int = 1,
-    bandwidth_bytes_per_s: float | None = None,
-    bucket_mb: float = 25.0,
-    overlap: bool = True,
-    batch_size: int | None = None,
-    comm_on_cpu: bool | None = None,
+    workers: list[int] | None = None,
+    **settings: Any,
 ) -> list[dict[str, Any]]:
-    """One prediction per world size in `workers`. bucket_mb <= 0 means per-layer WFBP.
-    comm_on_cpu: transfers hold the CPUs at their ends (None: when the comm model is loopback)."""
-    _check(algorithm, comm_mode, servers)
+    """One prediction per world size in `workers` (default: the scenario's), in order.
+
+    `predict(layers, comm_model, Scenario(...), workers=[...])`; the keyword settings
+    of a Scenario (algorithm=, comm_mode= for comm, servers=, bucket_mb=, ...) work in
+    its place. bucket_mb <= 0 means per-layer WFBP. comm_on_cpu: transfers hold the CPUs
+    at their ends (None: when the comm model is loopback)."""
+    scenario = _scenario(scenario, settings)
     check_layers(layers)
-    if any(n < 1 for n in workers):
-        raise ValueError(f"workers: every world size must be at least 1, got {workers}")
-    comm = CommCosts(comm_model, bandwidth_bytes_per_s)
-    return [
-        predict_one(
-            layers,
-            comm,
-            algorithm=algorithm,
-            comm_mode=comm_mode,
-            workers=n,
-            servers=servers,
-            overlap=overlap,
-            bucket_mb=bucket_mb,
-            batch_size=batch_size,
-            comm_on_cpu=(
-                loopback(comm_model, bandwidth_bytes_per_s, n + (servers if comm_mode == "ps" else 0))
-                if comm_on_cpu is None
-                else comm_on_cpu
-            ),
-            host_cores=(comm_model.get("environment") or {}).get("cpu_count"),
-        )
-        for n in workers
-    ]
+    sizes = [scenario.workers] if workers is None else list(workers)
+    if any(n < 1 for n in sizes):
+        raise ValueError(f"workers: every world size must be at least 1, got {sizes}")
+    comm = CommCosts(comm_model, scenario.bandwidth_bytes_per_s)
+    host_cores = (comm_model.get("environment") or {}).get("cpu_count")
+    return [predict_one(layers, comm, _decided(scenario.with_workers(n), comm_model), host_cores) for n in sizes]
 
 
 def predicted_timeline(
-    layers: dict[str, Any],
-    comm_model: dict[str, Any],
-    *,
-    algorithm: str,
-    comm_mode: str,
-    workers: int,
-    servers: int = 1,
-    bandwidth_bytes_per_s: float | None = None,
-    bucket_mb: float = 25.0,
-    overlap: bool = True,
-    batch_size: int | None = None,
-    comm_on_cpu: bool | None = None,
+    layers: dict[str, Any], comm_model: dict[str, Any], scenario: Scenario | None = None, **settings: Any
 ) -> list[dict[str, Any]]:
     """The simulated schedule as timeline records (training/timeline.py's format):
-    one record per worker (class) and step, and per server shard and step."""
-    _check(algorithm, comm_mode, servers)
+    one record per worker (class) and step, and per server shard and step.
+    Called as `predict` is, with one world size (workers=N among the settings)."""
+    s = _decided(_scenario(scenario, settings), comm_model)
     check_layers(layers)
-    servers = servers if comm_mode == "ps" else 0
-    comm = CommCosts(comm_model, bandwidth_bytes_per_s)
-    if comm_on_cpu is None:
-        comm_on_cpu = loopback(comm_model, bandwidth_bytes_per_s, workers + servers)
-    costs = build_costs(layers, comm, workers, servers, comm_mode, batch_size, algorithm, comm_on_cpu)
-    plan = _plan(costs, algorithm, comm_mode, workers, servers, overlap, bucket_mb, ITERATIONS[(algorithm, comm_mode)])
-    sched = simulate(plan.dag)
-    return _records(plan, sched)
+    costs = build_costs(layers, CommCosts(comm_model, s.bandwidth_bytes_per_s), s)
+    plan = build_plan(costs, s)
+    return _records(plan, simulate(plan.dag))
 
 
-def _server_of(resources: tuple[str, ...]) -> str:
-    return next(r.partition(".")[0] for r in resources if r.startswith("server"))
+def _server_of(resources: tuple[Resource, ...]) -> str:
+    return next(r.owner for r in resources if r.role == "server")
 
 
 def _records(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:

@@ -33,9 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from modelling.configs import ProfileConfig
 from modelling.layers import write_layers
 
-__all__ = ["ProfileFailed", "profile_layers", "write_layers"]
+__all__ = ["ProfileConfig", "ProfileFailed", "profile_layers", "run_profile", "write_layers"]
 
 
 def _spread(xs: list[float]) -> float:
@@ -174,6 +175,9 @@ def _environment(device: str, processes: int) -> dict[str, Any]:
     }
 
 
+_DEFAULT = ProfileConfig.model_fields
+
+
 class ProfileFailed(RuntimeError):
     """The profiling job failed; the message names the rank, what it was doing and the log."""
 
@@ -183,15 +187,15 @@ def profile_layers(
     batch_size: int,
     *,
     input_shape: tuple[int, int, int] | None = None,
-    dataset: str = "synthetic",
-    num_classes: int = 10,
-    device: str = "cpu",
-    warmup: int = 3,
-    repeats: int = 10,
-    processes: int = 1,
+    dataset: str = _DEFAULT["dataset"].default,
+    num_classes: int = _DEFAULT["num_classes"].default,
+    device: str = _DEFAULT["device"].default.value,
+    warmup: int = _DEFAULT["warmup"].default,
+    repeats: int = _DEFAULT["repeats"].default,
+    processes: int = _DEFAULT["processes"].default,
     provider=None,
     out_dir: Path | None = None,
-    timeout_s: float = 600.0,
+    timeout_s: float = _DEFAULT["timeout_s"].default,
     echo: bool = False,
 ) -> dict[str, Any]:
     """The layer table (layers.json content) of `model` at `batch_size` per process.
@@ -200,29 +204,30 @@ def profile_layers(
     and log (profile.log) go to `out_dir` (default: a temporary directory, removed
     unless the job fails). A rank that fails raises ProfileFailed with its own error.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size: must be at least 1, got {batch_size}")
-    if processes < 1:
-        raise ValueError(f"processes: must be at least 1, got {processes}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats/warmup: need repeats >= 1 and warmup >= 0, got {repeats}/{warmup}")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s: must be positive, got {timeout_s}")
+    config = ProfileConfig.of(
+        "profile",
+        model=model,
+        batch_size=batch_size,
+        input_shape=input_shape,
+        dataset=dataset,
+        num_classes=num_classes,
+        device=device,
+        warmup=warmup,
+        repeats=repeats,
+        processes=processes,
+        timeout_s=timeout_s,
+    )
+    return run_profile(config, provider=provider, out_dir=out_dir, echo=echo)
+
+
+def run_profile(
+    config: ProfileConfig, *, provider=None, out_dir: Path | None = None, echo: bool = False
+) -> dict[str, Any]:
+    """profile_layers of a ProfileConfig."""
     from training.models import check_model_name
 
-    check_model_name(model)  # before any process starts
-    job_spec = {
-        "model": model,
-        "batch_size": batch_size,
-        "input_shape": list(input_shape) if input_shape else None,
-        "dataset": dataset,
-        "num_classes": num_classes,
-        "device": device,
-        "warmup": warmup,
-        "repeats": repeats,
-        "processes": processes,
-        "timeout_s": timeout_s,
-    }
+    check_model_name(config.model)  # before any process starts
+    job_spec = config.model_dump(mode="json")
     if out_dir is not None:
         return _run_job(job_spec, Path(out_dir), provider, echo)
     tmp = Path(tempfile.mkdtemp(prefix="ddlbench-profile-"))

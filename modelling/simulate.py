@@ -12,6 +12,7 @@ max(ready, when each of its resources frees up).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 
@@ -21,7 +22,7 @@ class Dag:
 
     names: list[str] = field(default_factory=list)
     durations: list[float] = field(default_factory=list)
-    resources: list[tuple[str, ...]] = field(default_factory=list)
+    resources: list[tuple[Hashable, ...]] = field(default_factory=list)  # any hashable: dag.Resource
     deps: list[tuple[int, ...]] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     owners: list[str] = field(default_factory=list)  # which worker or server the task belongs to
@@ -31,7 +32,7 @@ class Dag:
         self,
         name: str,
         duration: float,
-        resources: tuple[str, ...],
+        resources: tuple[Hashable, ...],
         deps=(),
         *,
         kind: str = "",
@@ -77,8 +78,8 @@ def simulate(dag: Dag) -> Schedule:
     blocker: list[int | None] = [None] * n
     ready_at = [0.0] * n
     ready_by: list[int | None] = [None] * n  # the dependency that finished last
-    free: dict[str, float] = {}
-    last_user: dict[str, int] = {}
+    free: dict[Hashable, float] = {}
+    last_user: dict[Hashable, int] = {}
     heap = [(0.0, t) for t in range(n) if waiting[t] == 0]
     heapq.heapify(heap)
     done = 0
@@ -117,9 +118,9 @@ def critical_path(dag: Dag, sched: Schedule, last: int, since: float = 0.0) -> l
     return path[::-1]
 
 
-def busy_time(dag: Dag, sched: Schedule, t0: float, t1: float) -> dict[str, float]:
+def busy_time(dag: Dag, sched: Schedule, t0: float, t1: float) -> dict[Hashable, float]:
     """Per resource: time spent serving tasks within [t0, t1]."""
-    busy: dict[str, float] = {}
+    busy: dict[Hashable, float] = {}
     for t in range(len(dag)):
         a, b = max(sched.start[t], t0), min(sched.end[t], t1)
         for r in dag.resources[t]:

@@ -7,14 +7,15 @@ in the run directory or beside it (its parent).
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from modelling.files import read_json
 from modelling.fit import fit_comm, load_comm, load_comm_model
 from modelling.layers import load_layers
 from modelling.predict import predict
+from modelling.scenario import Scenario
 
 
 class ValidationInputError(ValueError):
@@ -42,10 +43,7 @@ def _summary(run: Path) -> dict[str, Any]:
     path = run / "summary.json"
     if not path.is_file():
         raise ValidationInputError(f"{run}: no summary.json; is it a training run directory?")
-    try:
-        summary = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValidationInputError(f"{path}: not valid JSON ({err.msg})") from None
+    summary = read_json(path, "summary.json", ValidationInputError)
     if summary.get("status") != "completed" or not summary.get("iter_time_s"):
         raise ValidationInputError(f"{path}: the run did not complete (status {summary.get('status')!r})")
     return summary
@@ -68,18 +66,7 @@ def validate_run(
             f"{run}: the run trained {summary['model']} but the layer table profiles {layers['model']}"
         )
     comm_model = comm_model if comm_model is not None else _comm_model_for(run)
-    config = summary.get("config", {})
-    pred = predict(
-        layers,
-        comm_model,
-        algorithm=summary["algorithm"],
-        comm_mode=summary["comm"],
-        workers=[summary["workers"]],
-        servers=summary.get("servers") or 1,
-        bucket_mb=config.get("bucket_mb", 25.0),
-        overlap=summary["overlap"] if summary.get("overlap") is not None else True,
-        batch_size=summary["batch_size"],
-    )[0]
+    [pred] = predict(layers, comm_model, Scenario.from_summary(summary))
     # The median iteration time, as every measured figure (DESIGN §4); the mean, which
     # throughput pays and which one slow iteration moves, is reported beside it.
     it = summary["iter_time_s"]

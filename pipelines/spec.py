@@ -4,7 +4,8 @@ A spec names the hardware, the provider, the workloads (model x dataset), the
 algorithms, the grid (workers x batch sizes x repeats), how long to train, the
 network, what to predict beyond the measured grid, and the regression
 thresholds. Every training config of the grid is also validated as a
-`TrainConfig`, so a spec that loads is a spec whose jobs start.
+`TrainConfig`, so a spec that loads is a spec whose jobs start. The sections
+live in pipelines/spec_sections.py.
 """
 
 from __future__ import annotations
@@ -13,167 +14,59 @@ import copy
 import hashlib
 import json
 import re
-from enum import StrEnum
 from itertools import product
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from training.config import Algorithm, Comm, ConfigError, build_config, format_validation_error, load_yaml
+from modelling.units import parse_rate
+from pipelines.spec_sections import (
+    GRID_FIELDS,
+    AlgorithmSpec,
+    MicrobenchSpec,
+    NetworkSpec,
+    ProfileSpec,
+    ProviderSpec,
+    RegressionSpec,
+    Section,
+    Suite,
+    TrackingSpec,
+    WhatIfSpec,
+    Workload,
+)
+from training.config import Comm, ConfigError, build_config, format_validation_error, load_yaml
+
+__all__ = [
+    "SPEC_VERSION",
+    "AlgorithmSpec",
+    "BenchSpec",
+    "MicrobenchSpec",
+    "NetworkSpec",
+    "ProfileSpec",
+    "ProviderSpec",
+    "RegressionSpec",
+    "SpecError",
+    "Suite",
+    "TrackingSpec",
+    "WhatIfSpec",
+    "Workload",
+    "config_key",
+    "flatten",
+    "grid",
+    "load_spec",
+    "parse_rate",
+    "validate_spec",
+]
 
 SPEC_VERSION = 1
-
-# Options that the grid itself sets; a spec gives them through its own fields.
-_GRID_FIELDS = {
-    "model",
-    "dataset",
-    "algorithm",
-    "comm",
-    "workers",
-    "servers",
-    "batch_size",
-    "steps",
-    "epochs",
-    "target_accuracy",
-    "link_bandwidth",
-    "input_shape",
-    "num_classes",
-    "data_root",
-    "seed",
-}
-_LINK_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}
 
 
 class SpecError(ConfigError):
     """The spec is wrong; the message names the field and the bad value."""
 
 
-class Suite(StrEnum):
-    nightly = "nightly"
-    onboarding = "onboarding"
-    adhoc = "adhoc"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ProviderSpec(_Strict):
-    name: str = Field("local", description="Cluster provider: local, netns, slurm or kubernetes.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the provider.")
-
-
-class Workload(_Strict):
-    model: str = Field(description="Model name (training.models).")
-    dataset: str = Field(description="Dataset name (training.datasets).")
-    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W; default: the model's.")
-    num_classes: int | None = Field(None, ge=2, description="Classes; default: the dataset's.")
-    data_root: Path | None = Field(None, description="Local root of the dataset files.")
-
-    @property
-    def label(self) -> str:
-        return f"{self.model}-{self.dataset}"
-
-
-class AlgorithmSpec(_Strict):
-    name: Algorithm = Field(description="ssgd, asgd or odsgd.")
-    comm: Comm | None = Field(None, description="allreduce or ps; default: allreduce for ssgd, ps otherwise.")
-    options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Further TrainConfig options of this algorithm "
-        "(overlap, bucket_mb, compensation, warmup_steps, ...).",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> AlgorithmSpec:
-        if self.name != Algorithm.ssgd and self.comm == Comm.allreduce:
-            raise ValueError(f"comm: {self.name.value} runs on a parameter server; use comm: ps, not allreduce")
-        grid = sorted(_GRID_FIELDS & set(self.options))
-        if grid:
-            raise ValueError(f"options: {grid[0]!r} is set by the grid; set it in the spec's own field")
-        return self
-
-    @property
-    def comm_mode(self) -> Comm:
-        return self.comm or (Comm.allreduce if self.name == Algorithm.ssgd else Comm.ps)
-
-    @property
-    def label(self) -> str:
-        return f"{self.name.value}-{self.comm_mode.value}"
-
-
-class NetworkSpec(_Strict):
-    link_bandwidth: str | None = Field(
-        None, description="Link rate such as 1gbit or 100mbit (recorded, and a bound for the comm fit)."
-    )
-
-    @field_validator("link_bandwidth")
-    @classmethod
-    def _rate(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_rate(v)
-        return v
-
-    @property
-    def bytes_per_s(self) -> float | None:
-        return parse_rate(self.link_bandwidth) if self.link_bandwidth else None
-
-
-class MicrobenchSpec(_Strict):
-    enabled: bool = True
-    sizes: list[int] | None = Field(None, description="Message sizes in bytes; default: the microbench's.")
-    repeats: int = Field(5, ge=1)
-    timeout_s: float = Field(600.0, gt=0)
-
-    @field_validator("sizes")
-    @classmethod
-    def _sizes(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and (not v or min(v) < 1):
-            raise ValueError(f"every size must be a positive byte count, got {v}")
-        return v
-
-
-class ProfileSpec(_Strict):
-    enabled: bool = True
-    warmup: int = Field(3, ge=0)
-    repeats: int = Field(10, ge=1)
-    timeout_s: float = Field(600.0, gt=0, description="Kill one profiling job after this long.")
-
-
-class WhatIfSpec(_Strict):
-    workers: list[int] = Field(default_factory=list, description="Extra world sizes to predict.")
-    link_bandwidths: list[str] = Field(default_factory=list, description="Extra link rates to predict.")
-
-    @field_validator("workers")
-    @classmethod
-    def _workers(cls, v: list[int]) -> list[int]:
-        if any(w < 1 for w in v):
-            raise ValueError(f"every worker count must be at least 1, got {v}")
-        return v
-
-    @field_validator("link_bandwidths")
-    @classmethod
-    def _rates(cls, v: list[str]) -> list[str]:
-        for rate in v:
-            parse_rate(rate)
-        return v
-
-
-class RegressionSpec(_Strict):
-    throughput_drop: float = Field(
-        0.10, gt=0, lt=1, description="Flag when the median throughput over repeats falls by more than this fraction."
-    )
-    prediction_error_rise: float = Field(
-        0.10, gt=0, description="Flag when the median absolute prediction error rises by more than this (absolute)."
-    )
-
-
-class TrackingSpec(_Strict):
-    system_metrics: bool = Field(True, description="Sample CPU/memory into the training runs.")
-
-
-class BenchSpec(_Strict):
+class BenchSpec(Section):
     """A benchmark: what to run, where, how often, and what counts as a regression."""
 
     version: int = Field(SPEC_VERSION, description="Spec format version.")
@@ -229,7 +122,7 @@ class BenchSpec(_Strict):
     @field_validator("train")
     @classmethod
     def _train(cls, v: dict[str, Any]) -> dict[str, Any]:
-        grid = sorted(_GRID_FIELDS & set(v))
+        grid = sorted(GRID_FIELDS & set(v))
         if grid:
             raise ValueError(f"{grid[0]!r} is set by the grid; set it in the spec's own field")
         return v
@@ -251,15 +144,6 @@ class BenchSpec(_Strict):
         """Identity of what is measured: equal hashes mean comparable runs."""
         canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
-
-
-def parse_rate(rate: str) -> float:
-    """'1gbit' -> bytes per second (bit units are /8; 'b', 'kb', 'mb', 'gb' are bytes)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", rate)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _LINK_UNITS or float(m.group(1)) <= 0:
-        raise ValueError(f"expected a positive rate such as 1gbit, 100mbit or 125mb, got {rate!r}")
-    return float(m.group(1)) * _LINK_UNITS[unit]
 
 
 def config_key(

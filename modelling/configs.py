@@ -1,0 +1,115 @@
+"""The settings of the profiler and the microbenchmarks: one pydantic model each.
+
+The same definitions feed validation, the options of `ddlbench profile` and
+`ddlbench microbench`, and the spec's `profile` and `microbench` sections (which
+extend the *Settings part with an `enabled` flag).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from training.config import Device, format_validation_error
+
+
+class Config(BaseModel):
+    """A frozen config that refuses unknown fields; `of` gives errors naming the field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def of(cls, source: str, **values: Any) -> Self:
+        """Validated values, or ValueError: `source.field: problem (got value)` per problem."""
+        try:
+            return cls(**values)
+        except ValidationError as err:
+            raise ValueError(format_validation_error(err, source)) from None
+
+
+class ProfileSettings(Config):
+    """How the layer profile measures."""
+
+    warmup: int = Field(3, ge=0, description="Iterations run before timing starts.")
+    repeats: int = Field(10, ge=1, description="Timed iterations; every figure is their median.")
+    timeout_s: float = Field(600.0, gt=0, description="Kill one profiling job after this long.")
+
+
+class ProfileConfig(ProfileSettings):
+    """One layer profile: what to profile, and how (`modelling.profiler.profile_layers`)."""
+
+    model: str = Field(description="Model name (as for `ddlbench train`).")
+    batch_size: int = Field(ge=1, description="Per-process batch size.")
+    device: Device = Field(Device.cpu, description="cpu or cuda.")
+    processes: int = Field(
+        1, ge=1, description="Concurrent profiling processes: the training run's process count on this host."
+    )
+    dataset: str = Field("synthetic", description="Where input batches come from.")
+    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W; default: the model's natural shape.")
+    num_classes: int = Field(10, ge=2, description="Classes of the synthetic dataset.")
+
+
+# 4 KiB .. 16 MiB, every factor of 4: a few seconds on a laptop.
+DEFAULT_SIZES = [4096 * 4**i for i in range(7)]
+
+
+class MicrobenchSettings(Config):
+    """How the communication microbenchmarks measure."""
+
+    sizes: list[int] | None = Field(
+        None, description="Message sizes in bytes (comma separated on the command line); default 4 KiB .. 16 MiB."
+    )
+    repeats: int = Field(5, ge=1, description="Timed operations per primitive and size.")
+    timeout_s: float = Field(600.0, gt=0, description="Kill the job after this many s.")
+
+    @field_validator("sizes", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return [int(s) for s in v.split(",") if s.strip()]
+            except ValueError:
+                raise ValueError(f"expected a comma list of byte counts such as 4096,65536, got {v!r}") from None
+        return v
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or min(v) < 1):
+            raise ValueError(f"every size must be a positive byte count, got {v}")
+        return v
+
+
+class MicrobenchConfig(MicrobenchSettings):
+    """One microbenchmark job (`modelling.microbench.run_microbench`)."""
+
+    workers: int = Field(ge=1, description="Worker ranks N.")
+    servers: int = Field(
+        0, ge=0, validate_default=True, description="Parameter-server shards S (push/pull is measured when S >= 1)."
+    )
+    link_bytes_per_s: float | None = Field(
+        None, gt=0, description="The link's known rate, recorded so `fit` can flag impossible fits."
+    )
+    gap_s: float = Field(
+        0.002, ge=0, le=10, description="Computation before each timed operation, as a training step's."
+    )
+
+    @field_validator("sizes")
+    @classmethod
+    def _measurable(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) < 2 or min(v) < 4):
+            raise ValueError(f"need two or more message sizes of at least 4 bytes, got {sorted(v)}")
+        return v
+
+    @field_validator("servers")
+    @classmethod
+    def _ranks(cls, v: int, info: ValidationInfo) -> int:
+        workers = info.data.get("workers")
+        if workers is not None and workers + v < 2:
+            raise ValueError(f"a microbenchmark needs at least 2 ranks (workers + servers), got {workers} + {v}")
+        return v
+
+    @property
+    def measured_sizes(self) -> list[int]:
+        return sorted(self.sizes or DEFAULT_SIZES)

@@ -1,0 +1,156 @@
+"""The sections of the benchmark spec (pipelines/spec.py's BenchSpec): provider,
+workloads, algorithms, network, microbench, profile, what-ifs, regression, tracking.
+
+The profile and microbench sections are modelling's own settings
+(modelling.configs) with an `enabled` flag; link rates read through
+modelling.units.parse_rate.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from modelling.configs import MicrobenchSettings, ProfileSettings
+from modelling.scenario import default_comm
+from modelling.units import parse_rate
+from training.config import Algorithm, Comm
+
+# Options that the grid itself sets; a spec gives them through its own fields.
+GRID_FIELDS = {
+    "model",
+    "dataset",
+    "algorithm",
+    "comm",
+    "workers",
+    "servers",
+    "batch_size",
+    "steps",
+    "epochs",
+    "target_accuracy",
+    "link_bandwidth",
+    "input_shape",
+    "num_classes",
+    "data_root",
+    "seed",
+}
+
+
+class Suite(StrEnum):
+    nightly = "nightly"
+    onboarding = "onboarding"
+    adhoc = "adhoc"
+
+
+class Section(BaseModel):
+    """A spec section: frozen, and an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProviderSpec(Section):
+    name: str = Field("local", description="Cluster provider: local, netns, slurm or kubernetes.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the provider.")
+
+
+class Workload(Section):
+    model: str = Field(description="Model name (training.models).")
+    dataset: str = Field(description="Dataset name (training.datasets).")
+    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W; default: the model's.")
+    num_classes: int | None = Field(None, ge=2, description="Classes; default: the dataset's.")
+    data_root: Path | None = Field(None, description="Local root of the dataset files.")
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}-{self.dataset}"
+
+
+class AlgorithmSpec(Section):
+    name: Algorithm = Field(description="ssgd, asgd or odsgd.")
+    comm: Comm | None = Field(None, description="allreduce or ps; default: allreduce for ssgd, ps otherwise.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further TrainConfig options of this algorithm "
+        "(overlap, bucket_mb, compensation, warmup_steps, ...).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AlgorithmSpec:
+        if self.name != Algorithm.ssgd and self.comm == Comm.allreduce:
+            raise ValueError(f"comm: {self.name.value} runs on a parameter server; use comm: ps, not allreduce")
+        grid = sorted(GRID_FIELDS & set(self.options))
+        if grid:
+            raise ValueError(f"options: {grid[0]!r} is set by the grid; set it in the spec's own field")
+        return self
+
+    @property
+    def comm_mode(self) -> Comm:
+        return self.comm or Comm(default_comm(self.name.value))
+
+    @property
+    def label(self) -> str:
+        return f"{self.name.value}-{self.comm_mode.value}"
+
+
+class NetworkSpec(Section):
+    link_bandwidth: str | None = Field(
+        None, description="Link rate such as 1gbit or 100mbit (recorded, and a bound for the comm fit)."
+    )
+
+    @field_validator("link_bandwidth")
+    @classmethod
+    def _rate(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_rate(v)
+        return v
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        return parse_rate(self.link_bandwidth) if self.link_bandwidth else None
+
+
+class MicrobenchSpec(MicrobenchSettings):
+    """The pipeline's microbenchmarks: modelling's settings, and whether to run them."""
+
+    enabled: bool = True
+
+
+class ProfileSpec(ProfileSettings):
+    """The pipeline's layer profiles: modelling's settings, and whether to run them."""
+
+    enabled: bool = True
+
+
+class WhatIfSpec(Section):
+    workers: list[int] = Field(default_factory=list, description="Extra world sizes to predict.")
+    link_bandwidths: list[str] = Field(default_factory=list, description="Extra link rates to predict.")
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: list[int]) -> list[int]:
+        if any(w < 1 for w in v):
+            raise ValueError(f"every worker count must be at least 1, got {v}")
+        return v
+
+    @field_validator("link_bandwidths")
+    @classmethod
+    def _rates(cls, v: list[str]) -> list[str]:
+        for rate in v:
+            parse_rate(rate)
+        return v
+
+
+class RegressionSpec(Section):
+    throughput_drop: float = Field(
+        0.10, gt=0, lt=1, description="Flag when the median throughput over repeats falls by more than this fraction."
+    )
+    prediction_error_rise: float = Field(
+        0.10, gt=0, description="Flag when the median absolute prediction error rises by more than this (absolute)."
+    )
+
+
+class TrackingSpec(Section):
+    system_metrics: bool = Field(True, description="Sample CPU/memory into the training runs.")
