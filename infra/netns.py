@@ -36,7 +36,7 @@ from infra.base import (
     torchrun_argv,
 )
 from infra.options import ProviderOptions, integer_at_least
-from modelling.units import parse_bandwidth as parse_rate  # bytes per second
+from modelling.units import parse_rate  # bytes per second
 
 _PREFIX = "ddlb"
 _NS_RE = re.compile(rf"^{_PREFIX}-(\d+)-([0-9a-f]{{6}})-(\d+)$")

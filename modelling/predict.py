@@ -16,7 +16,7 @@ from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 
 WORKER_TASKS = ("data", "forward", "backward", "update")  # worker computation, by task kind
-SERVER_PHASE = {"push": "comm_wait", "pull": "send", "push-apply-pull": "update"}
+SERVER_PHASE = {"push": "comm_exposed", "pull": "send", "push-apply-pull": "update"}
 
 
 def expected_straggle(samples: list[float], workers: int) -> float:
@@ -264,7 +264,7 @@ def _records(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:
             role, rank = "worker", ranks[owner]
             # As the trainer records it: waiting from the end of backward to the update.
             if phases["update"][0] > phases["backward"][1]:
-                phases["comm_wait"] = [phases["backward"][1], phases["update"][0]]
+                phases["comm_exposed"] = [phases["backward"][1], phases["update"][0]]
         else:
             role, rank = "server", len(ranks) + int(owner.removeprefix("server"))
         records.append(
@@ -291,7 +291,7 @@ _COLOURS = {
     "data": "#9e9e9e",
     "forward": "#4c72b0",
     "backward": "#55a868",
-    "comm_wait": "#c44e52",
+    "comm_exposed": "#c44e52",
     "update": "#8172b2",
     "send": "#dd8452",
 }
