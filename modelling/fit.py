@@ -21,13 +21,14 @@ predictor refuses it unless a bandwidth is given.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from modelling.files import read_json
 
 COMM_KIND = "ddlbench-comm"
 MODEL_KIND = "ddlbench-comm-model"
@@ -134,20 +135,8 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
     return {"kind": MODEL_KIND, "link_bytes_per_s": link, "environment": comm.get("environment", {}), "fits": fits}
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise CommModelError(f"{path}: no such {what} file")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CommModelError(f"{path}: not valid JSON, truncated? ({err.msg} at line {err.lineno})") from None
-    if not isinstance(data, dict):
-        raise CommModelError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 def load_comm(path: Path) -> dict[str, Any]:
-    data = _read_json(path, "comm.json")
+    data = read_json(path, "comm.json file", CommModelError)
     if data.get("kind") != COMM_KIND or not isinstance(data.get("measurements"), list):
         raise CommModelError(
             f"{path}: not a ddlbench comm.json (kind {data.get('kind')!r}); write one with `ddlbench microbench`"
@@ -156,7 +145,7 @@ def load_comm(path: Path) -> dict[str, Any]:
 
 
 def load_comm_model(path: Path) -> dict[str, Any]:
-    data = _read_json(path, "comm model")
+    data = read_json(path, "comm model file", CommModelError)
     if data.get("kind") != MODEL_KIND or not isinstance(data.get("fits"), list):
         raise CommModelError(
             f"{path}: not a ddlbench comm model (kind {data.get('kind')!r}); write one with `ddlbench fit`"

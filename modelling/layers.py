@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from modelling.files import read_json
+
 LAYER_KEYS = ("name", "type", "fwd_s", "bwd_s", "param_bytes")
 TABLE_KEYS = ("model", "batch_size", "layers", "update_s", "data_s")
 
@@ -38,13 +40,7 @@ def check_layers(layers: dict[str, Any], source: str = "layers") -> dict[str, An
 
 
 def load_layers(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise LayersError(f"{path}: no such layer table")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise LayersError(f"{path}: not valid JSON, truncated? ({err.msg} at line {err.lineno})") from None
-    return check_layers(data, str(path))
+    return check_layers(read_json(path, "layer table", LayersError), str(path))
 
 
 def format_table(layers: dict[str, Any]) -> str:

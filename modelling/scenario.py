@@ -12,16 +12,11 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator
 
 from modelling.configs import Config
-from training.config import Algorithm, Comm, TrainConfig
+from training.config import Algorithm, Comm, TrainConfig, default_comm
 
 ALGORITHMS = tuple(a.value for a in Algorithm)
 COMM_MODES = tuple(c.value for c in Comm)
 _TRAIN = TrainConfig.model_fields
-
-
-def default_comm(algorithm: str) -> str:
-    """allreduce for ssgd; the asynchronous algorithms run on a parameter server."""
-    return Comm.allreduce.value if algorithm == Algorithm.ssgd.value else Comm.ps.value
 
 
 class Scenario(Config):
@@ -56,7 +51,7 @@ class Scenario(Config):
     def _comm(cls, v: str | None, info: ValidationInfo) -> str:
         algorithm = info.data.get("algorithm")
         if v is None:
-            return default_comm(algorithm)
+            return default_comm(algorithm).value
         if v not in COMM_MODES:
             raise ValueError(f"unknown communication {v!r}; use allreduce or ps")
         if algorithm not in (None, Algorithm.ssgd.value) and v != Comm.ps.value:

@@ -6,51 +6,14 @@ one definition feeds validation, the help text and the YAML loader.
 
 from __future__ import annotations
 
-import enum
 import sys
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 import click
-from pydantic.fields import FieldInfo
 
+from pipelines.options import option_for
 from training.config import ConfigError, TrainConfig, load_yaml
-
-
-def _unwrap(annotation: Any) -> Any:
-    """`X | None` -> X."""
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0]
-    return annotation
-
-
-def _shape(value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(int(v) for v in value.replace("x", ",").split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected C,H,W such as 3,32,32, got {value!r}") from None
-
-
-def _option_for(name: str, field: FieldInfo) -> click.Option:
-    flag = "--" + name.replace("_", "-")
-    typ = _unwrap(field.annotation)
-    default = field.default if not isinstance(field.default, enum.Enum) else field.default.value
-    help_text = f"{field.description} [default: {default}]"
-    if typ is bool:
-        return click.Option([f"{flag}/--no-{flag[2:]}", name], default=None, help=help_text)
-    if isinstance(typ, type) and issubclass(typ, enum.Enum):
-        return click.Option([flag, name], type=click.Choice([e.value for e in typ]), default=None,
-                            help=help_text)
-    if typing.get_origin(typ) is tuple:
-        return click.Option([flag, name], type=str, default=None, help=help_text + " (C,H,W)",
-                            callback=lambda _c, _p, v: _shape(v))
-    click_type = {int: int, float: float, str: str, Path: click.Path(path_type=Path)}.get(typ, str)
-    return click.Option([flag, name], type=click_type, default=None, help=help_text)
 
 
 def config_values(config_file: Path | None, options: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -103,7 +66,7 @@ train = click.Command(
         click.Option(["--timeout", "timeout"], type=float, default=None,
                      help="Kill the whole job after this many seconds."),
         click.Option(["--quiet", "quiet"], is_flag=True, help="Do not echo the ranks' output."),
-        *(_option_for(name, f) for name, f in TrainConfig.model_fields.items()),
+        *(option_for(name, f) for name, f in TrainConfig.model_fields.items()),
     ],
 )
 cli.add_command(train)

@@ -16,13 +16,12 @@ from pydantic import BaseModel
 
 from modelling.configs import MicrobenchConfig, ProfileConfig
 from pipelines.cli_common import PATH, bandwidth, fail, out_dir, print_rows
+from pipelines.options import option_for
 
 
 class ConfigCommand(click.Command):
     """A command with an option per field of `config` (less `skip`) after its own `params`.
-    `older_names` keeps an option's earlier spelling working (timeout_s: --timeout). The
-    options are made on first use: pipelines.cli, home of the generator, imports this
-    module while it registers the commands."""
+    `older_names` keeps an option's earlier spelling working (timeout_s: --timeout)."""
 
     def __init__(
         self,
@@ -35,20 +34,13 @@ class ConfigCommand(click.Command):
     ) -> None:
         super().__init__(name, **kw)
         self.config, self.skip, self.older_names = config, skip, older_names or {}
-        self.own_params = len(self.params)
-
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        if len(self.params) == self.own_params:
-            self.params += self.config_options()
-        return super().get_params(ctx)
+        self.params += self.config_options()
 
     def config_options(self) -> list[click.Option]:
-        from pipelines.cli import _option_for
-
         fields = [(n, f) for n, f in self.config.model_fields.items() if n not in self.skip]
         options = []
         for name, field in sorted(fields, key=lambda nf: not nf[1].is_required()):
-            option = _option_for(name, field)
+            option = option_for(name, field)
             if field.is_required():  # the generator is written for fields with defaults
                 option.required, option.help = True, field.description
             if name in self.older_names:

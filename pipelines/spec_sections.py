@@ -15,9 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from modelling.configs import MicrobenchSettings, ProfileSettings
-from modelling.scenario import default_comm
 from modelling.units import parse_rate
-from training.config import Algorithm, Comm
+from training.config import Algorithm, Comm, default_comm
 
 # Options that the grid itself sets; a spec gives them through its own fields.
 GRID_FIELDS = {
@@ -88,7 +87,7 @@ class AlgorithmSpec(Section):
 
     @property
     def comm_mode(self) -> Comm:
-        return self.comm or Comm(default_comm(self.name.value))
+        return self.comm or default_comm(self.name)
 
     @property
     def label(self) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from modelling.configs import MicrobenchConfig, ProfileConfig
-from modelling.scenario import Scenario, default_comm
+from modelling.scenario import Scenario
 from modelling.units import parse_rate
 from pipelines.spec_sections import MicrobenchSpec, ProfileSpec
-from training.config import TrainConfig, build_config
+from training.config import TrainConfig, build_config, default_comm
 
 
 def test_scenario_defaults_are_the_trainers() -> None:

@@ -39,6 +39,11 @@ class ConfigError(ValueError):
     """A configuration value is wrong; the message names the field."""
 
 
+def default_comm(algorithm: Algorithm | str) -> Comm:
+    """allreduce for ssgd; the asynchronous algorithms run on a parameter server."""
+    return Comm.allreduce if Algorithm(algorithm) == Algorithm.ssgd else Comm.ps
+
+
 class TrainConfig(BaseModel):
     """One distributed training job (DESIGN §2)."""
 
@@ -85,7 +90,7 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         if self.comm is None:
-            self.comm = Comm.allreduce if self.algorithm == Algorithm.ssgd else Comm.ps
+            self.comm = default_comm(self.algorithm)
         if self.algorithm != Algorithm.ssgd and self.comm != Comm.ps:
             raise ValueError(
                 f"comm: {self.algorithm.value} runs on a parameter server; use comm=ps, not {self.comm.value}"
