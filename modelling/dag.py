@@ -356,9 +356,10 @@ def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: i
     return PS_PLANS[algorithm](c, workers, servers, max_classes).build(iterations)
 
 
-def build_plan(c: Costs, s: Scenario) -> Plan:
-    """The unrolled DAG of scenario `s` (its world size; costs for that world size)."""
-    iterations = ITERATIONS[(s.algorithm, s.comm)]
+def build_plan(c: Costs, s: Scenario, iterations: int | None = None) -> Plan:
+    """The unrolled DAG of scenario `s` (its world size; costs for that world size), over
+    `iterations` (default: enough for the algorithm's usual pipeline to settle)."""
+    iterations = iterations or ITERATIONS[(s.algorithm, s.comm)]
     if s.comm == "allreduce":
         return build_allreduce(c, s.workers, iterations, overlap=s.overlap, bucket_bytes=s.bucket_bytes)
     return build_ps(c, s.algorithm, s.workers, s.servers, iterations)

@@ -85,13 +85,36 @@ def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = N
     )
 
 
-def _periods(plan: Plan, sched: Schedule) -> dict[str, float]:
-    """Each worker's steady-state iteration period over the second half."""
+def _periods(plan: Plan, sched: Schedule, last: float = 0.5) -> dict[str, float]:
+    """Each worker's iteration period over the `last` fraction of the unrolled iterations."""
     out = {}
     for owner, ends in plan.iteration_ends.items():
-        k = len(ends) // 2
+        k = len(ends) - max(1, int(len(ends) * last))
         out[owner] = (sched.end[ends[-1]] - sched.end[ends[k - 1]]) / (len(ends) - k)
     return out
+
+
+# Unrolled iterations are doubled up to this many until the period has settled.
+_MAX_ITERATIONS = 96
+_SETTLED = 1e-6  # relative change of the period between the last half and the last quarter
+
+
+def _steady_state(c: Costs, s: Scenario) -> tuple[Plan, Schedule, dict[str, float]]:
+    """The plan unrolled until its period has settled, its schedule and the periods.
+
+    The start-up transient of a pipelined schedule dies away slowly when compute and
+    communication nearly tie (OD-SGD, ASGD): the backlog drains by only their difference
+    per iteration, and a short window then reads a period below both bounds."""
+    iterations = None
+    while True:
+        plan = build_plan(c, s, iterations)
+        sched = simulate(plan.dag)
+        half, quarter = _periods(plan, sched), _periods(plan, sched, last=0.25)
+        iterations = len(next(iter(plan.iteration_ends.values())))
+        settled = all(abs(half[o] - quarter[o]) <= _SETTLED * max(half[o], 1e-12) for o in half)
+        if settled or iterations * 2 > _MAX_ITERATIONS:
+            return plan, sched, half
+        iterations *= 2
 
 
 def _compact_path(plan: Plan, sched: Schedule, path: list[int]) -> list[dict[str, Any]]:
@@ -109,9 +132,7 @@ def _compact_path(plan: Plan, sched: Schedule, path: list[int]) -> list[dict[str
 def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores: int | None = None) -> dict[str, Any]:
     """The prediction of one scenario (its comm_on_cpu decided: see `predict`)."""
     costs = build_costs(layers, comm, s)
-    plan = build_plan(costs, s)
-    sched = simulate(plan.dag)
-    periods = _periods(plan, sched)
+    plan, sched, periods = _steady_state(costs, s)
     total = sum(plan.multiplicity.values())
     iter_time = sum(periods[o] * m for o, m in plan.multiplicity.items()) / total
     batch = s.batch_size or layers["batch_size"]
@@ -125,8 +146,7 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
         groups = comm_groups(costs, s.overlap, s.bucket_bytes)
         comm_s = sum(costs.allreduce_s(nbytes) for _, nbytes in groups) if s.workers > 1 else 0.0
     else:
-        bare = build_plan(without_compute(costs), s)
-        bare_periods = _periods(bare, simulate(bare.dag))
+        bare, _, bare_periods = _steady_state(without_compute(costs), s)
         comm_s = sum(bare_periods[o] * m for o, m in bare.multiplicity.items()) / total
     ends = plan.iteration_ends["worker0"]
     k = len(ends) // 2

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from modelling.fit import fit_comm
@@ -55,7 +55,11 @@ COMM = fit_comm(synthetic_comm(ALPHA, BETA, GAMMA, workers=2))
 TOY = layer_table([1e-3, 2e-3, 1e-3], [2e-3, 4e-3, 2e-3], [400_000, 4_000_000, 40_000])
 
 
-@settings(max_examples=25, deadline=None)
+# Derandomized: CI runs the same examples every time; the explicit one is a near-tie of
+# OD-SGD's compute and communication whose pipeline settles slowly (a short window read
+# its period below both bounds).
+@settings(max_examples=25, deadline=None, derandomize=True)
+@example([(0.0, 0.0, 4)], ("odsgd", "ps"), 8, 1, 0.0, False)
 @given(
     st.lists(st.tuples(st.floats(0.0, 5e-3), st.floats(0.0, 1e-2), st.integers(4, 8_000_000)), min_size=1, max_size=6),
     st.sampled_from(CONFIGS),
