@@ -54,6 +54,18 @@ class ProviderSpec(Section):
     name: str = Field("local", description="Cluster provider: local, netns, slurm or kubernetes.")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the provider.")
 
+    @model_validator(mode="after")
+    def _typed_options(self) -> ProviderSpec:
+        """The provider and its options are checked when the spec loads, by the provider's own
+        options model (infra), not minutes later when the cluster is provisioned."""
+        from infra import ProviderError, validate_provider_options
+
+        try:
+            validate_provider_options(self.name, self.options)
+        except ProviderError as err:
+            raise ValueError(str(err).removeprefix("provider.").removeprefix("provider: ")) from None
+        return self
+
 
 class Workload(Section):
     model: str = Field(description="Model name (training.models).")
