@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from pipelines.context import STATUS
 from pipelines.journal import Journal, now_ms, owner, owner_alive
 
 log = logging.getLogger(__name__)
 
 PARENT = "pipeline"
-STATUS = "status.json"  # a pipeline run's outcome, written by its last step
 TAG_RUN_KEY = "ddlbench.run_key"
 TAG_NODE = "ddlbench.node"
 _RETRY_AFTER_S = 300.0
@@ -53,6 +53,18 @@ class Tracker:
         # Figures logged by this process, uploaded with mlflow's log_figure; a later
         # sync (another process) uploads the PNG the journal points to instead.
         self._figures: dict[str, Any] = {}
+        self._batching = 0
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Journal what the block logs and upload it in one flush when it ends, also on failure."""
+        self._batching += 1
+        try:
+            yield
+        finally:
+            self._batching -= 1
+            if not self._batching:
+                self.flush()
 
     # -- writing -----------------------------------------------------------------------------
     def _write(self, entry: dict[str, Any]) -> None:
