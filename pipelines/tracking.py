@@ -1,13 +1,12 @@
 """MLflow tracking through the journal (DESIGN §6).
 
-Every call appends to the run dir's journal first, then uploads whatever the
-journal holds that MLflow has not seen yet. Uploading is the same code for a
-live pipeline and for `ddlbench sync`, so what works offline-then-sync is what
-works online. When MLflow is unreachable (server down, database locked) the
-tracker says so once, stops trying for a while and the pipeline goes on.
-
-Runs are found again by tags (`ddlbench.run_key` + `ddlbench.node`), so a
-retried step, in any process, reopens its own run instead of making another.
+Every call appends to the run dir's journal first; what the journal holds that MLflow has
+not seen is uploaded by `flush` (pipelines/mlflow_upload.py). Inside `batch()` (a stage)
+only opening a run is uploaded at once, so its run id is known; the rest goes up in one
+flush when the block ends, also when it fails. Uploading is the same code for a live
+pipeline and for `ddlbench sync`, so what works offline-then-sync is what works online.
+When MLflow is unreachable (server down, database locked) the tracker says so once, stops
+trying for a while and the pipeline goes on.
 """
 
 from __future__ import annotations
@@ -22,14 +21,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from pipelines.context import STATUS
 from pipelines.journal import Journal, now_ms, owner, owner_alive
+from pipelines.mlflow_upload import Uploader, groups, is_rejection
 
 log = logging.getLogger(__name__)
 
 PARENT = "pipeline"
-STATUS = "status.json"  # a pipeline run's outcome, written by its last step
-TAG_RUN_KEY = "ddlbench.run_key"
-TAG_NODE = "ddlbench.node"
 _RETRY_AFTER_S = 300.0
 _PARAM_MAX = 6000
 
@@ -43,21 +41,28 @@ class Tracker:
         self.run_dir = Path(run_dir)
         self.journal = Journal(self.run_dir)
         self.tracking_uri = tracking_uri
-        self.experiment = experiment
         self.run_key = run_key
-        self.artifact_root = artifact_root
-        self._client: Any = None
-        self._experiment_id: str | None = None
+        self.uploader = Uploader(self.run_dir, tracking_uri, experiment, run_key, artifact_root)
         self._down_until = 0.0
         self.last_error: str | None = None
-        # Figures logged by this process, uploaded with mlflow's log_figure; a later
-        # sync (another process) uploads the PNG the journal points to instead.
-        self._figures: dict[str, Any] = {}
+        self._batching = 0
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Journal what the block logs and upload it in one flush when it ends, also on failure."""
+        self._batching += 1
+        try:
+            yield
+        finally:
+            self._batching -= 1
+            if not self._batching:
+                self.flush()
 
     # -- writing -----------------------------------------------------------------------------
     def _write(self, entry: dict[str, Any]) -> None:
         self.journal.append(entry)
-        self.flush()
+        if not self._batching or entry["op"] == "start_run":
+            self.flush()
 
     def start_run(
         self,
@@ -111,9 +116,7 @@ class Tracker:
         path = self.run_dir / "figures" / node.replace("/", "_") / Path(artifact_file).name
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110, bbox_inches="tight")
-        self._figures[self._rel(path)] = fig
         self._write({"op": "figure", "node": node, "path": self._rel(path), "artifact_file": artifact_file})
-        self._figures.pop(self._rel(path), None)
         import matplotlib.pyplot as plt
 
         plt.close(fig)
@@ -157,7 +160,8 @@ class Tracker:
                 }
             )
             ended.append(node)
-        self.flush()
+        if not self._batching:
+            self.flush()
         return ended
 
     def run_id(self, node: str) -> str | None:
@@ -173,14 +177,10 @@ class Tracker:
     # -- uploading ---------------------------------------------------------------------------
     @property
     def client(self) -> Any:
-        if self._client is None:
-            # A server that is down should fail fast, not after minutes of retries.
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-            from mlflow import MlflowClient
+        return self.uploader.client
 
-            self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        return self._client
+    def experiment_id(self) -> str:
+        return self.uploader.experiment_id()
 
     @property
     def online(self) -> bool:
@@ -192,18 +192,27 @@ class Tracker:
             return False
         with self.journal.locked():
             state = self.journal.read_state()
-            for offset, entry in self.journal.entries(state["offset"]):
-                try:
-                    self._apply(entry, state)
-                except Exception as err:  # noqa: BLE001 - the store's failures are all handled alike
-                    if not _is_rejection(err):
-                        self._went_down(err)
-                        return False
-                    self._reject(entry, err)
-                state["offset"] = offset
-                self.journal.write_state(state)
+            for group in groups(self.journal.entries(state["offset"])):
+                if not self._upload(group, state):
+                    return False
         self._down_until = 0.0
         self.last_error = None
+        return True
+
+    def _upload(self, group: list[tuple[int, dict[str, Any]]], state: dict[str, Any]) -> bool:
+        """Apply a group and record how far the journal reached; False when the store is down.
+        A group the store refuses is retried entry by entry: only what it refuses is set aside."""
+        try:
+            self.uploader.apply(group, state)
+        except Exception as err:  # noqa: BLE001 - the store's failures are all handled alike
+            if not is_rejection(err):
+                self._went_down(err)
+                return False
+            if len(group) > 1:
+                return all(self._upload([item], state) for item in group)
+            self._reject(group[0][1], err)
+        state["offset"] = group[-1][0]
+        self.journal.write_state(state)
         return True
 
     def _went_down(self, err: Exception) -> None:
@@ -221,92 +230,6 @@ class Tracker:
         log.warning("MLflow rejected a journal entry (%s); kept in journal.rejected.jsonl", err)
         with open(self.run_dir / "journal.rejected.jsonl", "a") as f:
             f.write(json.dumps({"entry": entry, "error": str(err)[:1000]}, default=str) + "\n")
-
-    def experiment_id(self) -> str:
-        if self._experiment_id is None:
-            exp = self.client.get_experiment_by_name(self.experiment)
-            if exp is None:
-                location = None
-                if self.artifact_root is not None and not self.tracking_uri.startswith(("http:", "https:")):
-                    location = (Path(self.artifact_root) / self.experiment).resolve().as_uri()
-                try:
-                    self._experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
-                except Exception:  # noqa: BLE001 - another process created it first
-                    exp = self.client.get_experiment_by_name(self.experiment)
-                    if exp is None:
-                        raise
-                    self._experiment_id = exp.experiment_id
-            else:
-                self._experiment_id = exp.experiment_id
-        return self._experiment_id
-
-    def find_run(self, node: str) -> Any | None:
-        runs = self.client.search_runs(
-            [self.experiment_id()],
-            filter_string=f"tags.`{TAG_RUN_KEY}` = '{self.run_key}' AND tags.`{TAG_NODE}` = '{node}'",
-            max_results=2,
-        )
-        return runs[0] if runs else None
-
-    def _apply(self, e: dict[str, Any], state: dict[str, Any]) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
-        c, runs, op = self.client, state["runs"], e["op"]
-        if op == "start_run":
-            tags = {**e["tags"], TAG_RUN_KEY: self.run_key, TAG_NODE: e["node"]}
-            if e.get("parent"):
-                tags["mlflow.parentRunId"] = runs[e["parent"]]
-            rid = runs.get(e["node"])
-            if rid is None:
-                found = self.find_run(e["node"])
-                rid = found.info.run_id if found else None
-            if rid is None:
-                rid = c.create_run(self.experiment_id(), start_time=e["ts"], tags=tags, run_name=e["name"]).info.run_id
-            else:
-                c.update_run(rid, status="RUNNING")
-                c.log_batch(rid, tags=[RunTag(k, v) for k, v in tags.items()])
-            runs[e["node"]] = rid
-            return
-        rid = runs[e["node"]]
-        if op == "end_run":
-            c.set_terminated(rid, e["status"], end_time=e["ts"])
-        elif op == "params":
-            items = [Param(k, v) for k, v in e["params"].items()]
-            for i in range(0, len(items), 100):
-                c.log_batch(rid, params=items[i : i + 100])
-        elif op == "metrics":
-            ms = [Metric(m["key"], m["value"], m["ts"], m["step"]) for m in e["metrics"]]
-            for i in range(0, len(ms), 1000):
-                c.log_batch(rid, metrics=ms[i : i + 1000])
-        elif op == "tags":
-            c.log_batch(rid, tags=[RunTag(k, v) for k, v in e["tags"].items()])
-        elif op == "artifact":
-            c.log_artifact(rid, str(self.run_dir / e["path"]), e["artifact_path"])
-        elif op == "table":
-            # log_table appends to an existing table: a replayed entry must not add rows twice
-            if not self._has_artifact(rid, e["artifact_file"]):
-                c.log_table(rid, data=e["data"], artifact_file=e["artifact_file"])
-        elif op == "figure":
-            fig = self._figures.get(e["path"])
-            if fig is not None:
-                c.log_figure(rid, fig, e["artifact_file"])
-            else:
-                parent = str(Path(e["artifact_file"]).parent)
-                c.log_artifact(rid, str(self.run_dir / e["path"]), None if parent == "." else parent)
-        else:
-            raise ValueError(f"journal: unknown op {op!r}")
-
-    def _has_artifact(self, run_id: str, artifact_file: str) -> bool:
-        parent = str(Path(artifact_file).parent)
-        listed = self.client.list_artifacts(run_id, None if parent == "." else parent)
-        return artifact_file in {a.path for a in listed}
-
-
-def _is_rejection(err: Exception) -> bool:
-    """The store answered and refused the content (e.g. a param changed), as opposed to being down."""
-    text = str(err)
-    down = ("OperationalError", "Max retries", "Connection", "timed out", "unable to open")
-    return getattr(err, "error_code", "") == "INVALID_PARAMETER_VALUE" and not any(d in text for d in down)
 
 
 _TRACKERS: dict[str, Tracker] = {}

@@ -126,6 +126,24 @@ def test_nightly_dag_shape(dagbag: Any) -> None:
                                                     uri="ddlbench://reports/nightly")]
 
 
+def test_the_cli_runs_the_stages_in_the_order_the_dags_wire_them(dagbag: Any) -> None:
+    """`ddlbench run` iterates pipelines.stages.STAGES: the nightly DAG's tasks in its one
+    topological order, each after the one before it and after the stages it takes results from."""
+    from pipelines.stages import STAGES
+
+    names = [s.name for s in STAGES]
+    nightly = dagbag.get_dag("ddlbench_nightly")
+    assert _order(nightly) == names
+    for before, after in zip(names, names[1:], strict=False):
+        assert before in nightly.get_task(after).upstream_task_ids, (before, after)
+    for stage in STAGES:
+        assert set(stage.needs) <= nightly.get_task(stage.name).upstream_task_ids, stage.name
+    assert [s.name for s in STAGES if s.always] == ["teardown", "finish"]
+    assert all(nightly.get_task(s.name).is_teardown for s in STAGES if s.always)
+    onboarding = [t for t in _order(dagbag.get_dag("ddlbench_hardware_onboarding")) if t in names]
+    assert onboarding == names
+
+
 def test_training_pool_slots_are_the_nodes_a_job_takes(airflow_home: Path, tmp_path: Path) -> None:
     from dags._common import nodes_per_job
 

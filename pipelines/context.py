@@ -1,0 +1,145 @@
+"""The run context and the run directory: one definition of what a pipeline run is and where
+its files live (DESIGN §1).
+
+`RunContext` is what `start` writes to `<run_dir>/ctx.json` and what Airflow passes between
+tasks as small JSON (`RunContext.model_validate(ctx)` in, `.model_dump(mode="json")` out).
+`RunDir` names every path of the run directory; no stage spells one as a string literal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipelines.spec import BenchSpec
+
+REPO = Path(__file__).resolve().parent.parent
+STATUS = "status.json"  # a pipeline run's outcome, written by its last step
+
+
+class RunDir:
+    """The layout of `<home>/runs/<run_key>/`."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    @property
+    def ctx(self) -> Path:
+        return self.root / "ctx.json"
+
+    @property
+    def spec_json(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def spec_yaml(self) -> Path:
+        return self.root / "spec.yaml"
+
+    @property
+    def grid(self) -> Path:
+        return self.root / "grid.json"
+
+    @property
+    def status(self) -> Path:
+        return self.root / STATUS
+
+    @property
+    def fit_model(self) -> Path:
+        return self.root / "fit" / "model.json"
+
+    @property
+    def predictions(self) -> Path:
+        return self.root / "predict" / "predictions.json"
+
+    @property
+    def validation(self) -> Path:
+        return self.root / "validate" / "validation.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def hardware_profile(self) -> Path:
+        return self.root / "hardware_profile.json"
+
+    def microbench(self, workers: int) -> Path:
+        return self.root / "microbench" / f"w{workers}"
+
+    def comm_files(self) -> list[Path]:
+        """The microbenchmarks' comm.json of every world size measured."""
+        return sorted((self.root / "microbench").glob("w*/comm.json"))
+
+    def profile(self, name: str) -> Path:
+        return self.root / "profile" / name
+
+    def layer_files(self) -> list[Path]:
+        """The profiler's layers.json of every workload dir."""
+        return sorted((self.root / "profile").glob("*/layers.json"))
+
+    def train(self, key: str) -> Path:
+        return self.root / "train" / key
+
+    def recorded(self, step: str) -> Path:
+        """A finished step's result: its presence makes the step run once."""
+        return self.root / "steps" / f"{step}.json"
+
+
+class RunContext(BaseModel):
+    """What identifies a pipeline run and where it keeps its files and results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_key: str = Field(description="Directory-safe name of the run, stable across retries.")
+    run_dir: Path = Field(description="The run directory, `<home>/runs/<run_key>`: the local source of truth.")
+    home: Path = Field(description="ddlbench home: run directories, default MLflow store and artifacts.")
+    tracking_uri: str = Field(description="MLflow tracking URI, its password masked.")
+    experiment: str = Field(description="MLflow experiment (one per suite).")
+    parent_run_id: str | None = Field(None, description="MLflow id of the parent run, once uploaded.")
+    spec_path: str = Field(description="The spec file the run started from.")
+    spec_hash: str = Field(description="Hash of the resolved spec: a run key runs one spec only.")
+    hardware: str = Field(description="Hardware label of the spec.")
+    suite: str = Field(description="nightly, onboarding or adhoc.")
+    git_commit: str | None = Field(None, description="ddlbench's git commit, when known.")
+    airflow: dict[str, str] = Field(default_factory=dict, description="Airflow dag_id and run_id, when under Airflow.")
+
+    @property
+    def paths(self) -> RunDir:
+        return RunDir(self.run_dir)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The small JSON of ctx.json and XCom."""
+        return self.model_dump(mode="json")
+
+    def spec(self) -> BenchSpec:
+        """The run's resolved spec, as `start` validated it (read once per process)."""
+        key = (str(self.run_dir), self.spec_hash)
+        if key not in _SPECS:
+            _SPECS[key] = BenchSpec.model_validate(json.loads(self.paths.spec_json.read_text()))
+        return _SPECS[key]
+
+
+_SPECS: dict[tuple[str, str], BenchSpec] = {}
+
+
+def as_context(ctx: dict[str, Any] | RunContext) -> RunContext:
+    """The typed context of a ctx dict (XCom, ctx.json) at a public step's boundary."""
+    return ctx if isinstance(ctx, RunContext) else RunContext.model_validate(ctx)
+
+
+def load_context(run_dir: Path | str) -> RunContext:
+    return RunContext.model_validate_json(RunDir(run_dir).ctx.read_text())
+
+
+def default_home() -> Path:
+    """ddlbench home: $DDLBENCH_HOME, else .ddlbench in the repository."""
+    return Path(os.environ.get("DDLBENCH_HOME") or REPO / ".ddlbench")
+
+
+def default_tracking_uri(home: Path) -> str:
+    """$MLFLOW_TRACKING_URI, else the SQLite store in the home."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home / 'mlflow.db'}"

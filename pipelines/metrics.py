@@ -1,0 +1,55 @@
+"""summary.json <-> MLflow metrics: the one mapping between a training run's summary and the
+metric names its MLflow run carries (units in the names), both ways.
+
+    throughput_samples_per_s, train_time_s, final_loss, ...   the summary's own figures
+    iter_time_<q>_s        summary["iter_time_s"][<q>]         (p50, p90, ...)
+    <phase>_s              summary["breakdown_s"][<phase>]     (data, forward, backward, ...)
+    staleness_mean_steps, staleness_max_steps                 summary["staleness"]
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Summary figures logged as MLflow metrics under the same names.
+SUMMARY_METRICS = (
+    "throughput_samples_per_s",
+    "train_time_s",
+    "final_loss",
+    "final_test_loss",
+    "final_accuracy",
+    "time_to_accuracy_s",
+    "parameters",
+    "parameter_bytes",
+    "bytes_sent",
+    "bytes_received",
+)
+_ITER_TIME = re.compile(r"iter_time_(\w+)_s")
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float | None]:
+    """The figures of summary.json as flat metric names with units."""
+    out: dict[str, float | None] = {k: summary.get(k) for k in SUMMARY_METRICS}
+    for q, v in (summary.get("iter_time_s") or {}).items():
+        out[f"iter_time_{q}_s"] = v
+    for phase, v in (summary.get("breakdown_s") or {}).items():
+        out[f"{phase}_s"] = v
+    if summary.get("staleness"):
+        out["staleness_mean_steps"] = summary["staleness"]["mean"]
+        out["staleness_max_steps"] = summary["staleness"]["max"]
+    return {k: v for k, v in out.items() if isinstance(v, int | float)}
+
+
+def summary_from_metrics(metrics: dict[str, float]) -> dict[str, Any]:
+    """A summary-like dict rebuilt from a training run's MLflow metrics (what the report's
+    comparison reads); figures MLflow lacks are None."""
+    from pipelines.report import PHASES
+
+    summary: dict[str, Any] = {k: metrics.get(k) for k in SUMMARY_METRICS}
+    iter_time = {m.group(1): v for k, v in metrics.items() if (m := _ITER_TIME.fullmatch(k))}
+    summary["iter_time_s"] = {"p50": None} | iter_time
+    summary["breakdown_s"] = {p: metrics.get(f"{p}_s") for p in PHASES}
+    if "staleness_mean_steps" in metrics:
+        summary["staleness"] = {"mean": metrics["staleness_mean_steps"], "max": metrics.get("staleness_max_steps")}
+    return summary

@@ -1,0 +1,166 @@
+"""The DAG performance model: fit the comm model, predict every config, validate against training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipelines.context import RunContext
+from pipelines.spec import BenchSpec, parse_rate
+from pipelines.stages.runner import columns, load_inputs, run_once, workload_dir, write_json
+from pipelines.tracking import PARENT, Tracker
+
+_FIT_COLUMNS = ("primitive", "workers", "servers", "alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "r2", "usable")
+_FIT_METRICS = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "r2")
+
+
+def fit(ctx: RunContext) -> dict:
+    """Fit alpha/beta/gamma per primitive and world size from the microbenchmarks (model.json)."""
+    spec = ctx.spec()
+
+    def body(t: Tracker, node: str) -> dict:
+        paths = ctx.paths.comm_files()
+        if not paths:
+            return {"model": None, "skipped": True}
+        from modelling.fit import fit_comm
+
+        comms = [json.loads(p.read_text()) for p in paths]
+        comm = {**comms[0], "measurements": [m for c in comms for m in c["measurements"]]}
+        model = fit_comm(comm, link_bytes_per_s=spec.network.bytes_per_s)
+        path = write_json(ctx.paths.fit_model, model)
+        t.log_artifact(node, path)
+        rows = [{k: f.get(k) for k in _FIT_COLUMNS} | {"flags": "; ".join(f["flags"])} for f in model["fits"]]
+        t.log_table(node, columns(rows), "comm_fits.json")
+        t.log_metrics(
+            node, {f"{f['primitive']}.w{f['workers']}.{k}": f.get(k) for f in model["fits"] for k in _FIT_METRICS}
+        )
+        flagged = [f"{f['primitive']} w{f['workers']}: {'; '.join(f['flags'])}" for f in model["fits"] if f["flags"]]
+        if flagged:
+            t.set_tags(node, {"ddlbench.fit_flags": " | ".join(flagged)[:5000]})
+        return {"model": str(path), "skipped": False, "flagged": flagged}
+
+    return run_once(ctx, "fit", body)
+
+
+def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> list[dict[str, Any]]:
+    """Every algorithm at the grid's and the what-if world sizes, at the measured and what-if rates."""
+    from modelling.predict import predict as predict_model
+
+    sizes = sorted(set(spec.workers) | set(spec.what_if.workers))
+    rates = [(spec.network.link_bandwidth, spec.network.bytes_per_s)]
+    rates += [(r, parse_rate(r)) for r in spec.what_if.link_bandwidths]
+    rows: list[dict[str, Any]] = []
+    for wl in spec.workloads:
+        for batch in spec.batch_sizes:
+            layers = layers_by[workload_dir(wl, batch)]
+            for algo in spec.algorithms:
+                for label, rate in rates:
+                    for p in predict_model(
+                        layers,
+                        model,
+                        algorithm=algo.name.value,
+                        comm_mode=algo.comm_mode.value,
+                        workers=sizes,
+                        servers=spec.servers,
+                        bandwidth_bytes_per_s=rate,
+                        bucket_mb=algo.options.get("bucket_mb", 25.0),
+                        overlap=algo.options.get("overlap", True),
+                        batch_size=batch,
+                    ):
+                        rows.append(
+                            {
+                                "workload": wl.label,
+                                "batch_size": batch,
+                                "algorithm": algo.label,
+                                "workers": p["workers"],
+                                "link_bandwidth": label or "measured",
+                                "iter_time_s": p["iter_time_s"],
+                                "throughput_samples_per_s": p["throughput_samples_per_s"],
+                                "compute_s": p.get("compute_s"),
+                                "comm_s": p.get("comm_s"),
+                                "what_if": p["workers"] not in spec.workers or rate != rates[0][1],
+                            }
+                        )
+    return rows
+
+
+def predict(ctx: RunContext) -> dict:
+    """Predict every algorithm at the grid's and the what-if world sizes and link rates."""
+    spec = ctx.spec()
+
+    def body(t: Tracker, node: str) -> dict:
+        layers_by, model = load_inputs(ctx)
+        if not layers_by or model is None:
+            return {"predictions": None, "skipped": True}
+        from modelling.fit import CommModelError
+
+        try:
+            rows = _predictions(spec, layers_by, model)
+        except CommModelError as err:
+            # A fit that beats physics is flagged, not used: say so and go on.
+            t.set_tags(node, {"prediction_skipped": str(err)[:250]})
+            return {"predictions": None, "skipped": True, "reason": str(err)}
+        path = write_json(ctx.paths.predictions, rows)
+        t.log_artifact(node, path)
+        t.log_table(node, columns(rows), "predictions_table.json")
+        from pipelines.report import plot_predicted_scaling
+
+        t.log_figure(node, plot_predicted_scaling(rows), "predicted_throughput.png")
+        return {"predictions": str(path), "skipped": False, "count": len(rows)}
+
+    return run_once(ctx, "predict", body)
+
+
+def trained_dirs(trained: list[dict]) -> list[dict]:
+    """The training results that finished and wrote their summary."""
+    return [e for e in trained if e and e.get("status") == "FINISHED" and Path(e["run_dir"], "summary.json").exists()]
+
+
+def _skipped(**why: Any) -> dict:
+    return {"validation": None, "skipped": True, **why, "median_abs_error": None, "worst_abs_error": None}
+
+
+def validate(ctx: RunContext, trained: list[dict]) -> dict:
+    """Predicted vs measured for every trained run; errors per config, median and worst."""
+    spec = ctx.spec()
+
+    def body(t: Tracker, node: str) -> dict:
+        layers_by, model = load_inputs(ctx)
+        done = trained_dirs(trained)
+        if not layers_by or model is None or not done:
+            return _skipped()
+        from modelling.fit import CommModelError
+        from modelling.validate import summarise, validate_runs
+
+        configs = {e["run_dir"]: json.loads(Path(e["run_dir"], "config.json").read_text()) for e in done}
+        runs: list[dict[str, Any]] = []
+        for wl in spec.workloads:
+            for batch in spec.batch_sizes:
+                dirs = [
+                    Path(d)
+                    for d, c in configs.items()
+                    if (c["model"], c["dataset"], c["batch_size"]) == (wl.model, wl.dataset, batch)
+                ]
+                if dirs:
+                    try:
+                        res = validate_runs(dirs, layers=layers_by[workload_dir(wl, batch)], comm_model=model)
+                    except CommModelError as err:
+                        # A fit that beats the stated link is flagged, not used: say so and go on.
+                        t.set_tags(node, {"validation_skipped": str(err)[:250]})
+                        return _skipped(reason=str(err))
+                    runs += [{**r, "run": Path(str(r["run"])).name} for r in res["runs"]]
+        result = summarise(runs)  # repeats of a configuration count once, as their median (DESIGN §4)
+        path = write_json(ctx.paths.validation, result)
+        t.log_artifact(node, path)
+        cols = ("run", "predicted_iter_s", "measured_iter_s", "error")
+        t.log_table(node, columns(runs, cols), "predicted_vs_measured.json")
+        from pipelines.report import plot_predicted_vs_measured
+
+        t.log_figure(node, plot_predicted_vs_measured(runs), "predicted_vs_measured.png")
+        errors = {"median_abs_error": result["median_abs_error"], "worst_abs_error": result["worst_abs_error"]}
+        t.log_metrics(node, errors)
+        t.log_metrics(PARENT, {f"prediction_{k}": v for k, v in errors.items()})
+        return {"validation": str(path), "skipped": False, **errors}
+
+    return run_once(ctx, "validate", body)

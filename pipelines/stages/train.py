@@ -1,0 +1,120 @@
+"""Training one config and repeat of the grid, in fresh torchrun processes through the provider."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from pipelines.context import RunContext
+from pipelines.journal import now_ms
+from pipelines.metrics import summary_metrics
+from pipelines.spec import BenchSpec, flatten, grid
+from pipelines.stages.runner import provider, run_once, tracker, write_json
+from pipelines.tracking import Tracker
+
+TRAIN_ARTIFACTS = ("config.json", "summary.json", "metrics.jsonl", "timeline.jsonl", "trace.json", "launcher.log")
+_CURVES = {
+    "loss": "train/loss",
+    "throughput_samples_per_s": "train/throughput_samples_per_s",
+    "accuracy": "eval/accuracy",
+    "test_loss": "eval/test_loss",
+}
+_TAGGED = ("model", "dataset", "algorithm", "comm", "workers", "batch_size")
+
+Launch = Callable[[BenchSpec, Any, Path], dict[str, Any]]
+
+
+def train_configs(ctx: RunContext) -> list[dict]:
+    """The grid: [{"key", "config", "repeat"}], one entry per config and repeat.
+
+    `start` writes it (grid.json) when it validates the spec; a run dir from before that is
+    given its grid here, once.
+    """
+    path = ctx.paths.grid
+    if not path.exists():
+        write_json(path, grid(ctx.spec()))
+    return json.loads(path.read_text())
+
+
+def launch_job(spec: BenchSpec, cfg: Any, out: Path) -> dict[str, Any]:
+    """Run the training job on the spec's cluster; its summary."""
+    from pipelines.launch import launch
+
+    with provider(spec) as p:
+        return launch(cfg, out, p, timeout_s=spec.train_timeout_s, echo=False)
+
+
+def _metric_rows(metrics_path: Path, t0_ms: int) -> list[dict[str, Any]]:
+    """Per-step curves from metrics.jsonl, stamped at the time each step happened."""
+    from training.timeline import read_jsonl
+
+    rows = []
+    for r in read_jsonl(metrics_path) if metrics_path.exists() else []:
+        ts = t0_ms + int(1000 * (r.get("time_s") or 0.0))
+        rows += [
+            {"key": name, "value": float(r[k]), "step": int(r["step"]), "ts": ts}
+            for k, name in _CURVES.items()
+            if r.get(k) is not None
+        ]
+    return rows
+
+
+@contextmanager
+def _system_metrics(t: Tracker, node: str, spec: BenchSpec) -> Iterator[None]:
+    """CPU/memory/network sampled into the run while it trains, when MLflow is reachable.
+
+    Sampled live, not journaled: when MLflow is down there is nothing to replay.
+    """
+    run_id = t.run_id(node)
+    if not (spec.tracking.system_metrics and t.online and run_id):
+        yield
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=t.tracking_uri)
+    monitor.start()
+    try:
+        yield
+    finally:
+        with suppress(Exception):  # samples are a nicety; never fail a run on them
+            monitor.finish()
+
+
+def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
+    """One config and repeat of the grid, run by `launch` (fresh torchrun processes)."""
+    key = entry["key"]
+    node = f"train/{key}"
+    out = ctx.paths.train(key)
+    tags = {
+        "ddlbench.config_key": key,
+        "ddlbench.repeat": entry["repeat"],
+        **{f"ddlbench.{k}": entry["config"][k] for k in _TAGGED},
+    }
+
+    def body(t: Tracker, node: str) -> dict:
+        from pipelines.launch import JobFailed, prepare
+
+        spec = ctx.spec()
+        cfg = prepare(entry["config"], source=f"train[{key}]")
+        t.log_params(node, flatten(cfg.model_dump(mode="json")))
+        t0 = now_ms()
+        try:
+            with _system_metrics(t, node, spec):
+                summary = launch(spec, cfg, out)
+        except JobFailed:
+            t.log_artifact(node, out / "launcher.log", "training")  # why it failed, next to the run
+            raise
+        t.log_metric_rows(node, _metric_rows(out / "metrics.jsonl", t0))
+        t.log_metrics(node, summary_metrics(summary), step=summary.get("steps") or 0)
+        for name in TRAIN_ARTIFACTS:
+            if (out / name).exists():
+                t.log_artifact(node, out / name, "training")
+        return {"key": key, "run_dir": str(out), "mlflow_run_id": t.run_id(node), "status": "FINISHED"}
+
+    result = run_once(ctx, node, body, node=node, tags=tags)
+    if result.get("mlflow_run_id") is None:  # recorded while MLflow was down: it may be known now
+        result["mlflow_run_id"] = tracker(ctx).run_id(node)
+    return result
