@@ -21,6 +21,7 @@ def _day(value: str | None) -> int | None:
 def _as_run(child: Any) -> dict[str, Any]:
     """A training child run of MLflow in the shape report.comparison takes."""
     from pipelines.metrics import summary_from_metrics
+    from pipelines.report_tables import config_label
 
     t = child.data.tags
     algo = f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
@@ -32,7 +33,7 @@ def _as_run(child: Any) -> dict[str, Any]:
         "dataset": t.get("ddlbench.dataset"),
         "workers": workers,
         "batch_size": batch,
-        "config": f"{t.get('ddlbench.model')}-{algo}-w{workers}-b{batch}",
+        "config": config_label(t.get("ddlbench.model"), algo, workers, batch),
         "summary": summary_from_metrics(child.data.metrics),
     }
 
@@ -86,7 +87,7 @@ def _compare(
     from rich.table import Table
 
     from pipelines.context import default_home, default_tracking_uri
-    from pipelines.report_console import _fmt
+    from pipelines.report_console import fmt
 
     uri = tracking_uri or default_tracking_uri((home or default_home()).resolve())
     client = MlflowClient(tracking_uri=uri)
@@ -125,10 +126,10 @@ def _compare(
                 run["regression"],
                 row["config"],
                 str(row["repeats"]),
-                _fmt(row["throughput_median"]),
-                _fmt(row["scaling_efficiency"], 3),
-                _fmt(row["final_accuracy_median"], 3),
-                _fmt(row["time_to_accuracy_median_s"]),
+                fmt(row["throughput_median"]),
+                fmt(row["scaling_efficiency"], 3),
+                fmt(row["final_accuracy_median"], 3),
+                fmt(row["time_to_accuracy_median_s"]),
                 "*" if run["best"][group]["fastest"] == row["algorithm"] else "",
             )
     console.print(t)

@@ -125,7 +125,7 @@ def _print_run_summary(
 
     from rich.table import Table
 
-    from pipelines.report_console import _fmt
+    from pipelines.report_console import fmt
 
     t = Table(title=f"{ctx.run_key}: {done['status']}")
     for col in ("config", "status", "throughput_samples_per_s", "iter_time_p50_s", "final_accuracy"):
@@ -135,9 +135,9 @@ def _print_run_summary(
         t.add_row(
             e["key"],
             e["status"],
-            _fmt(s.get("throughput_samples_per_s")),
-            _fmt((s.get("iter_time_s") or {}).get("p50")),
-            _fmt(s.get("final_accuracy")),
+            fmt(s.get("throughput_samples_per_s")),
+            fmt((s.get("iter_time_s") or {}).get("p50")),
+            fmt(s.get("final_accuracy")),
         )
     console.print(t)
     if validation.get("median_abs_error") is not None:
@@ -145,7 +145,7 @@ def _print_run_summary(
             f"prediction error: median {validation['median_abs_error']:.1%}, worst {validation['worst_abs_error']:.1%}"
         )
     for name, best in (result.get("best") or {}).items():
-        console.print(f"best for {name}: {best['fastest']} ({_fmt(best['throughput_samples_per_s'])} samples/s)")
+        console.print(f"best for {name}: {best['fastest']} ({fmt(best['throughput_samples_per_s'])} samples/s)")
     if result:
         console.print(
             f"regression check: {result['status']}"

@@ -18,7 +18,6 @@ def fmt(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
-_fmt = fmt  # the name pipelines/cli_pipeline.py imports
 
 
 def print_summary(summary: dict[str, Any], out: Path | None = None) -> None:

@@ -46,6 +46,7 @@ def fit(ctx: RunContext) -> dict:
 def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> list[dict[str, Any]]:
     """Every algorithm at the grid's and the what-if world sizes, at the measured and what-if rates."""
     from modelling.predict import predict as predict_model
+    from modelling.scenario import Scenario
 
     sizes = sorted(set(spec.workers) | set(spec.what_if.workers))
     rates = [(spec.network.link_bandwidth, spec.network.bytes_per_s)]
@@ -56,18 +57,16 @@ def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> li
             layers = layers_by[workload_dir(wl, batch)]
             for algo in spec.algorithms:
                 for label, rate in rates:
-                    for p in predict_model(
-                        layers,
-                        model,
+                    scenario = Scenario.of(
+                        "spec",
                         algorithm=algo.name.value,
-                        comm_mode=algo.comm_mode.value,
-                        workers=sizes,
+                        comm=algo.comm_mode.value,
                         servers=spec.servers,
                         bandwidth_bytes_per_s=rate,
-                        bucket_mb=algo.options.get("bucket_mb", 25.0),
-                        overlap=algo.options.get("overlap", True),
                         batch_size=batch,
-                    ):
+                        **Scenario.settings_in(algo.options),
+                    )
+                    for p in predict_model(layers, model, scenario, workers=sizes):
                         rows.append(
                             {
                                 "workload": wl.label,
