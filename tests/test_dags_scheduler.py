@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.airflow_services import REPO, AirflowServices
+from tests.trainjobs import processes_under
 
 pytestmark = [pytest.mark.slow]
 
@@ -91,18 +92,6 @@ def _states(tis: list[dict[str, Any]]) -> dict[str, str]:
     return {f"{t['task_id']}[{t['map_index']}]" if t["map_index"] >= 0 else t["task_id"]: t["state"] for t in tis}
 
 
-def _processes_under(path: Path) -> list[str]:
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if str(path) in cmd:
-            found.append(f"{p.info['pid']}: {cmd[:200]}")
-    return found
-
-
 @pytest.mark.timeout(1200)
 def test_nightly_runs_to_success_under_the_scheduler(airflow: AirflowServices, tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -171,7 +160,7 @@ def test_a_training_task_killed_by_its_execution_timeout_fails_the_run_and_leave
     assert states["train[0]"] == "failed" and states["validate"] == "upstream_failed", states
     assert states["teardown"] == "success" and states["finish"] == "success", states
     assert wall >= TRAIN_TIMEOUT_S  # it was the timeout that ended it, not an early failure
-    assert _processes_under(home) == []
+    assert processes_under(home) == []
 
     ctx, runs = _mlflow_runs(home)
     (trained,) = [r for r in runs if "ddlbench.config_key" in r.data.tags]
@@ -203,15 +192,15 @@ def test_sigkill_of_a_task_process_running_train_leaves_no_process_and_no_runnin
                 agent = p
         time.sleep(0.5)
     assert agent is not None, "the training job never started"
-    while len(_processes_under(home)) < 3 and time.monotonic() < deadline:  # the agent and its 2 ranks
+    while len(processes_under(home)) < 3 and time.monotonic() < deadline:  # the agent and its 2 ranks
         time.sleep(0.2)
     task_process = agent.parent()
     assert task_process is not None
     task_process.kill()
     left_at = time.monotonic() + 10
-    while _processes_under(home) and time.monotonic() < left_at:
+    while processes_under(home) and time.monotonic() < left_at:
         time.sleep(0.2)
-    assert _processes_under(home) == []
+    assert processes_under(home) == []
 
     run = airflow.wait_for_run("ddlbench_nightly", run_id, 300)
     states = _states(airflow.task_instances("ddlbench_nightly", run_id))

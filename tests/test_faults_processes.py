@@ -15,26 +15,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.trainjobs import rank_process
+from tests.trainjobs import processes_under, rank_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 REPO = Path(__file__).resolve().parent.parent
 DDLBENCH = str(Path(sys.executable).with_name("ddlbench"))
 GONE_WITHIN_S = 10
-
-
-def processes_under(path: Path) -> list[str]:
-    """Processes whose command line names `path` (the job's run directory)."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if str(path) in cmd:
-            found.append(f"{p.info['pid']}: {cmd[:160]}")
-    return found
 
 
 def gone_within(path: Path, seconds: float) -> list[str]:

@@ -65,3 +65,16 @@ def rank_process(out: Path, rank: int, timeout_s: float = 120) -> psutil.Process
                 continue
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} never started")
+
+
+def processes_under(path: Path) -> list[str]:
+    """Processes whose command line names `path` (a job's run directory, a run's home)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if str(path) in cmd:
+            found.append(f"{p.info['pid']}: {cmd[:160]}")
+    return found
