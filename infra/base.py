@@ -257,6 +257,17 @@ class Provider(ABC):
     @abstractmethod
     def teardown(self) -> None: ...
 
+    nodes: int = 1
+
+    def ranks_per_node(self, world_size: int) -> int:
+        """How many ranks of a `world_size` job each node runs; ProviderError when the job
+        cannot be placed (torchrun starts as many ranks on every node). Checked before
+        anything runs (pipelines/preflight.py), and again at launch."""
+        if world_size < 1 or world_size % self.nodes:
+            raise ProviderError(f"{self.name}: world size {world_size} does not split evenly over "
+                                f"{self.nodes} nodes (torchrun starts as many ranks on each)")
+        return world_size // self.nodes
+
     def __enter__(self) -> Provider:
         try:
             self.provision()

@@ -130,9 +130,7 @@ class KubernetesProvider(Provider):
 
     def objects(self, job: Job, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The headless Service and the Indexed Job of a run, as Kubernetes API dicts."""
-        if job.world_size % self.nodes:
-            raise ProviderError(f"kubernetes: world size {job.world_size} does not split evenly "
-                                f"over {self.nodes} nodes (torchrun starts as many ranks on each)")
+        self.ranks_per_node(job.world_size)
         labels = {"app.kubernetes.io/name": "ddlbench", JOB_LABEL: name}
         service = {
             "apiVersion": "v1", "kind": "Service",

@@ -244,12 +244,7 @@ class NetnsProvider(Provider):
         _ip("-n", self.ns_name(node), "link", "set", self.ifname(node), "up" if up else "down")
 
     def run(self, job: Job, echo: bool = True) -> JobResult:
-        if job.world_size % self.nodes:
-            raise ProviderError(
-                f"netns: world size {job.world_size} does not split evenly over {self.nodes} nodes "
-                "(torchrun starts the same number of ranks on every node)"
-            )
-        per_node = job.world_size // self.nodes
+        per_node = self.ranks_per_node(job.world_size)
         nodes = self.provision()
         argvs, envs = [], []
         for i in range(self.nodes):

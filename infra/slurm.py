@@ -119,9 +119,7 @@ class SlurmProvider(Provider):
 
     def batch_script(self, job: Job) -> str:
         """The sbatch script of a job (its #SBATCH lines carry every resource request)."""
-        if job.world_size % self.nodes:
-            raise ProviderError(f"slurm: world size {job.world_size} does not split evenly over "
-                                f"{self.nodes} nodes (torchrun starts as many ranks on each)")
+        self.ranks_per_node(job.world_size)
         directives = [f"--job-name=ddlbench-{job.module.rsplit('.', 1)[-1]}",
                       f"--nodes={self.nodes}", "--ntasks-per-node=1", f"--time={self.time_limit}",
                       f"--output={job.log_path.resolve()}", "--open-mode=append"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from pipelines.context import REPO, RunContext, RunDir, default_home, default_tracking_uri, load_context
 from pipelines.journal import now_ms
+from pipelines.preflight import preflight
 from pipelines.spec import BenchSpec, SpecError, flatten, grid, load_spec
 from pipelines.stages.runner import provider, run_once, run_tags, tracker, write_json
 from pipelines.tracking import PARENT, Tracker, mask_uri
@@ -68,9 +69,11 @@ def start(
     overrides: dict | None = None,
     airflow: dict | None = None,
 ) -> RunContext:
-    """Validate the spec (+ overrides), make the run dir, open or find the parent MLflow run."""
+    """Validate the spec (+ overrides) and check every job of it (pipelines/preflight.py), make
+    the run dir, open or find the parent MLflow run."""
     spec = load_spec(spec_path, overrides)
     home_dir = Path(home).expanduser().resolve() if home else default_home().resolve()
+    preflight(spec, home_dir, Path(spec_path).name)  # before any run directory or MLflow run exists
     spec_hash = spec.spec_hash()
     run_dir = RunDir(home_dir / "runs" / _run_key(spec, run_key))
     if run_dir.ctx.exists():

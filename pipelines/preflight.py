@@ -1,0 +1,91 @@
+"""Everything about a spec that can be checked before any process, run directory or MLflow
+run exists: every job of the grid (model, dataset, data root, shapes: `launch.prepare`),
+each global batch against its data set, where every job's ranks go on the provider's nodes
+(training, microbenchmark and profile jobs), and that the home can be written.
+
+`start` calls `preflight` first, so `ddlbench run` and both DAGs' `start` task fail at
+once with one line per problem, naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pipelines.spec import BenchSpec, SpecError, grid
+
+
+def preflight(spec: BenchSpec, home: Path, source: str = "spec") -> None:
+    """SpecError listing every problem; nothing is created."""
+    problems = _jobs(spec, source) + _placement(spec, source) + _writable(home)
+    if problems:
+        raise SpecError("\n".join(dict.fromkeys(problems)))
+
+
+def _jobs(spec: BenchSpec, source: str) -> list[str]:
+    from pipelines.launch import prepare
+    from training.config import ConfigError
+
+    problems, seen = [], set()
+    for entry in grid(spec):
+        cfg = entry["config"]
+        # Repeats and algorithms share model, data and shapes: check each combination once.
+        what = tuple(str(cfg.get(k)) for k in ("model", "dataset", "data_root", "input_shape", "num_classes",
+                                                 "workers", "batch_size", "synthetic_samples"))
+        if what in seen:
+            continue
+        seen.add(what)
+        where = f"{source}.grid[{entry['key']}]"
+        try:
+            checked = prepare(cfg, source=where)
+        except ConfigError as err:
+            problems.append(str(err))
+            continue
+        if problem := _batch_fits(checked, where):
+            problems.append(problem)
+    return problems
+
+
+def _batch_fits(cfg: Any, where: str) -> str | None:
+    from training.datasets import load_dataset
+    from training.trainer import resolve_input_shape
+
+    train, _ = load_dataset(cfg, resolve_input_shape(cfg))
+    if cfg.workers * cfg.batch_size > len(train):
+        return (f"{where}.batch_size: a global batch of {cfg.workers} workers x {cfg.batch_size} = "
+                f"{cfg.workers * cfg.batch_size} exceeds the {len(train)} training samples of {cfg.dataset}")
+    return None
+
+
+def _placement(spec: BenchSpec, source: str) -> list[str]:
+    """Every job's world size on the provider's nodes (building the provider provisions nothing)."""
+    from infra import ProviderError, get_provider
+
+    provider = get_provider(spec.provider.name, **spec.provider.options)
+    jobs: dict[int, str] = {}
+    for entry in grid(spec):
+        c = entry["config"]
+        jobs.setdefault(c["workers"] + c["servers"], f"workers={c['workers']} + servers={c['servers']} (training)")
+    if spec.microbench.enabled:
+        for n in spec.workers:
+            jobs.setdefault(n + spec.servers, f"workers={n} + servers={spec.servers} (microbenchmark)")
+    if spec.profile.enabled:
+        jobs.setdefault(max(spec.workers), f"workers={max(spec.workers)} (profile processes)")
+    problems = []
+    for world, what in sorted(jobs.items()):
+        try:
+            provider.ranks_per_node(world)
+        except ProviderError as err:
+            problems.append(f"{source}.provider.options.nodes: {spec.provider.options.get('nodes', 1)} nodes cannot "
+                            f"place a job of {what}: {err}")
+    return problems
+
+
+def _writable(home: Path) -> list[str]:
+    """The home's run directories can be made: the nearest existing folder is writable."""
+    target = Path(home) / "runs"
+    existing = next((p for p in (target, *target.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return [f"home: {home} cannot be written ({existing} is not a writable folder)"]
+    return []
