@@ -15,6 +15,7 @@ repo=$(cd "$here/../../.." && pwd)
 bash "$repo/scripts/setup.sh"
 . "$here/env.sh"
 venv=$repo/.venv/bin
+export PATH=$venv:$PATH  # `airflow standalone` starts its components as `airflow ...` from PATH
 
 "$venv/airflow" db migrate >/dev/null
 "$venv/airflow" pools import "$here/pools.json" >/dev/null
@@ -39,7 +40,7 @@ passwords=$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated
 smoke=$repo/specs/smoke.yaml
 cat <<MSG
 Airflow UI: $api (user admin; its password is in $passwords once Airflow has started)
-Both DAGs are unpaused: ddlbench_nightly (02:00 UTC; schedule: ${DDLBENCH_NIGHTLY_SCHEDULE:-0 2 * * *})
+Both DAGs are unpaused: ddlbench_nightly (schedule, UTC: ${DDLBENCH_NIGHTLY_SCHEDULE:-0 2 * * *})
 and ddlbench_hardware_onboarding (by hand).
 
 Trigger from the UI: open a DAG, press Trigger, and fill in the form:
