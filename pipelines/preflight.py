@@ -13,22 +13,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipelines.spec import BenchSpec, SpecError, grid
+from pipelines.spec import BenchSpec, SpecError
 
 
-def preflight(spec: BenchSpec, home: Path, source: str = "spec") -> None:
-    """SpecError listing every problem; nothing is created."""
-    problems = _jobs(spec, source) + _placement(spec, source) + _writable(home)
+def preflight(spec: BenchSpec, entries: list[dict[str, Any]], home: Path, source: str = "spec") -> None:
+    """SpecError listing every problem of `spec` and its grid `entries`; nothing is created."""
+    problems = _jobs(entries, source) + _placement(spec, entries, source) + _writable(home)
     if problems:
         raise SpecError("\n".join(dict.fromkeys(problems)))
 
 
-def _jobs(spec: BenchSpec, source: str) -> list[str]:
+def _jobs(entries: list[dict[str, Any]], source: str) -> list[str]:
     from pipelines.launch import prepare
     from training.config import ConfigError
 
     problems, seen = [], set()
-    for entry in grid(spec):
+    for entry in entries:
         cfg = entry["config"]
         # Repeats and algorithms share model, data and shapes: check each combination once.
         what = tuple(str(cfg.get(k)) for k in ("model", "dataset", "data_root", "input_shape", "num_classes",
@@ -58,13 +58,13 @@ def _batch_fits(cfg: Any, where: str) -> str | None:
     return None
 
 
-def _placement(spec: BenchSpec, source: str) -> list[str]:
+def _placement(spec: BenchSpec, entries: list[dict[str, Any]], source: str) -> list[str]:
     """Every job's world size on the provider's nodes (building the provider provisions nothing)."""
     from infra import ProviderError, get_provider
 
     provider = get_provider(spec.provider.name, **spec.provider.options)
     jobs: dict[int, str] = {}
-    for entry in grid(spec):
+    for entry in entries:
         c = entry["config"]
         jobs.setdefault(c["workers"] + c["servers"], f"workers={c['workers']} + servers={c['servers']} (training)")
     if spec.microbench.enabled:

@@ -1,7 +1,7 @@
 """The benchmark pipeline's stages (DESIGN §1), for Airflow and the CLI alike.
 
 `STAGES` is their order: the CLI runs them in it and the DAGs wire their tasks in it
-(tests/test_pipeline_stages.py holds the two together). Each stage writes its outputs to
+(tests/test_dags.py holds the two together). Each stage writes its outputs to
 the run directory first and logs the same to MLflow through the journal; see runner.py
 for how a stage runs once per run key.
 """

@@ -40,11 +40,13 @@ def _run_key(spec: BenchSpec, run_key: str | None) -> str:
     return _UNSAFE.sub("-", run_key).strip("-")
 
 
-def _new_run(spec: BenchSpec, spec_path: str, run_dir: RunDir, home: Path, airflow: dict | None) -> RunContext:
+def _new_run(
+    spec: BenchSpec, entries: list[dict[str, Any]], spec_path: str, run_dir: RunDir, home: Path, airflow: dict | None
+) -> RunContext:
     """Make the run dir: the resolved spec, its grid and the run context."""
     run_dir.root.mkdir(parents=True, exist_ok=True)
     write_json(run_dir.spec_json, spec.model_dump(mode="json"))
-    write_json(run_dir.grid, grid(spec))
+    write_json(run_dir.grid, entries)
     run_dir.spec_yaml.write_text(Path(spec_path).read_text())
     return RunContext(
         run_key=run_dir.root.name,
@@ -73,7 +75,8 @@ def start(
     the run dir, open or find the parent MLflow run."""
     spec = load_spec(spec_path, overrides)
     home_dir = Path(home).expanduser().resolve() if home else default_home().resolve()
-    preflight(spec, home_dir, Path(spec_path).name)  # before any run directory or MLflow run exists
+    entries = grid(spec)
+    preflight(spec, entries, home_dir, Path(spec_path).name)  # before any run directory or MLflow run exists
     spec_hash = spec.spec_hash()
     run_dir = RunDir(home_dir / "runs" / _run_key(spec, run_key))
     if run_dir.ctx.exists():
@@ -84,7 +87,7 @@ def start(
                 f"now {spec_hash}); choose another run key"
             )
     else:
-        ctx = _new_run(spec, spec_path, run_dir, home_dir, airflow)
+        ctx = _new_run(spec, entries, spec_path, run_dir, home_dir, airflow)
         write_json(run_dir.ctx, ctx.as_dict())
     t = tracker(ctx)
     tags = {
