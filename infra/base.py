@@ -245,6 +245,7 @@ class Provider(ABC):
     """Provision nodes, run jobs on them, always tear down (use as a context manager)."""
 
     name: str = "provider"
+    nodes: int = 1
     options_model: ClassVar[type[ProviderOptions]]  # its options, built from keyword arguments
     options: ProviderOptions
 
@@ -256,8 +257,6 @@ class Provider(ABC):
 
     @abstractmethod
     def teardown(self) -> None: ...
-
-    nodes: int = 1
 
     def ranks_per_node(self, world_size: int) -> int:
         """How many ranks of a `world_size` job each node runs; ProviderError when the job

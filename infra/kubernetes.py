@@ -130,7 +130,7 @@ class KubernetesProvider(Provider):
 
     def objects(self, job: Job, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The headless Service and the Indexed Job of a run, as Kubernetes API dicts."""
-        self.ranks_per_node(job.world_size)
+        per_node = self.ranks_per_node(job.world_size)
         labels = {"app.kubernetes.io/name": "ddlbench", JOB_LABEL: name}
         service = {
             "apiVersion": "v1", "kind": "Service",
@@ -140,7 +140,7 @@ class KubernetesProvider(Provider):
                      "selector": {JOB_LABEL: name},
                      "ports": [{"name": "rendezvous", "port": self.master_port}]},
         }
-        command = torchrun_shell(job.world_size // self.nodes, self.nodes, job.module, job.args,
+        command = torchrun_shell(per_node, self.nodes, job.module, job.args,
                                  '"$JOB_COMPLETION_INDEX"', f"{name}-0.{name}",
                                  str(self.master_port), self.python, max_restarts=job.max_restarts)
         env = {"OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"} | job.env

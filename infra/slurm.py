@@ -119,7 +119,7 @@ class SlurmProvider(Provider):
 
     def batch_script(self, job: Job) -> str:
         """The sbatch script of a job (its #SBATCH lines carry every resource request)."""
-        self.ranks_per_node(job.world_size)
+        per_node = self.ranks_per_node(job.world_size)
         directives = [f"--job-name=ddlbench-{job.module.rsplit('.', 1)[-1]}",
                       f"--nodes={self.nodes}", "--ntasks-per-node=1", f"--time={self.time_limit}",
                       f"--output={job.log_path.resolve()}", "--open-mode=append"]
@@ -131,7 +131,7 @@ class SlurmProvider(Provider):
             directives.append(f"--gpus-per-node={self.gpus_per_node}")
         if self.cpus_per_node:
             directives.append(f"--cpus-per-task={self.cpus_per_node}")
-        torchrun = torchrun_shell(job.world_size // self.nodes, self.nodes, job.module, job.args,
+        torchrun = torchrun_shell(per_node, self.nodes, job.module, job.args,
                                   '"$SLURM_NODEID"', '"$DDLBENCH_MASTER_ADDR"',
                                   '"$DDLBENCH_MASTER_PORT"', self.python, max_restarts=job.max_restarts)
         srun = "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c"
