@@ -23,13 +23,15 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKILL) -> None:
     """Have the kernel send `sig` to this process when its parent exits; exit at once if the
-    parent is already gone (reparented before the signal was set)."""
+    parent (`expected_parent`, default the current one) is gone by the time it is set."""
     parent = os.getppid() if expected_parent is None else expected_parent
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent or parent == 1:
+    # A parent that died before the signal was set has reparented us. (A parent of pid 1 is
+    # legitimate: torchrun is the first process of a Kubernetes pod.)
+    if os.getppid() != parent:
         os._exit(128 + int(sig))
 
 
