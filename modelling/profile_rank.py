@@ -13,9 +13,9 @@ OUT_DIR/failure-rank<R>.txt saying what it was doing.
 from __future__ import annotations
 
 if __name__ == "__main__":  # a rank: end with its torchrun agent, set before the seconds of importing torch
-    from infra.lifeline import die_with_parent
+    from infra.lifeline import die_with_torchrun
 
-    die_with_parent()
+    die_with_torchrun()
 
 import json
 import os
