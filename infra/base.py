@@ -23,8 +23,6 @@ from typing import IO, TYPE_CHECKING, ClassVar
 
 import psutil
 
-from infra import lifeline
-
 if TYPE_CHECKING:
     from infra.options import ProviderOptions
 
@@ -200,6 +198,9 @@ def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: 
     With `fail_fast`, the first rank failure torchrun reports ends the job at once:
     torchrun itself waits 30 s for the other ranks to stop (for ever for a stopped one).
     """
+    # Imported here: `python -m infra.lifeline` imports this package first.
+    from infra.lifeline import wrap as lifeline_wrap
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
@@ -214,7 +215,7 @@ def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: 
         try:
             for argv, env in zip(argvs, envs, strict=True):
                 # In a session of its own (the group is ours to kill), and dying with us (lifeline).
-                p = subprocess.Popen(lifeline.wrap(argv), env=env, stdout=subprocess.PIPE,
+                p = subprocess.Popen(lifeline_wrap(argv), env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
                 procs.append(p)
                 pumps.append(stream_process(p, log, echo, watch))
