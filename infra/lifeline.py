@@ -8,6 +8,14 @@ survives exec. Two places use it, so no part of a job outlives its launcher:
 - every rank calls `die_with_torchrun()` first thing, before importing torch, so it dies
   with its torchrun agent (which starts ranks in sessions of their own).
 
+A job that a scheduler runs (a SLURM job, a Kubernetes Job) has no process of the launcher's
+to signal. For those the launcher starts a watchdog, `python -m infra.lifeline --on-death
+PARENT_PID CMD...` (`on_death`), in a session of its own: it waits on the launcher's pidfd
+and runs CMD (scancel, a Job's deletion) when the launcher is gone; a launcher that ends
+normally stops its watchdog first. The job also carries its launcher's identity (`Launcher`:
+host, pid, start time), so a later sweep (`ddlbench cleanup`, the provider's next provision)
+ends jobs whose launcher died while its watchdog was gone too.
+
 Only the standard library here: a rank calls it before its heavy imports.
 """
 
@@ -15,8 +23,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
+import socket
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -58,12 +72,96 @@ def wrap(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "infra.lifeline", str(os.getpid()), *argv]
 
 
+def _start_ticks(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid,
+    it names one process for ever (a pid alone may be reused)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """The process that launched a job, as the job records it (a SLURM comment, Kubernetes labels)."""
+
+    host: str
+    pid: int
+    start: int  # clock ticks since boot, 0 where unknown
+
+    @classmethod
+    def this(cls) -> Launcher:
+        return cls(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()) or 0)
+
+    def tag(self) -> str:
+        return f"{self.host}.{self.pid}.{self.start}"
+
+    @classmethod
+    def parse(cls, tag: str) -> Launcher | None:
+        host, _, rest = tag.strip().rpartition(".")
+        host, _, pid = host.rpartition(".")
+        if not host or not pid.isdigit() or not rest.isdigit():
+            return None
+        return cls(host, int(pid), int(rest))
+
+    def here(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def alive(self) -> bool:
+        """Whether it still runs; a launcher on another host is taken to (it is not ours to judge)."""
+        if not self.here():
+            return True
+        ticks = _start_ticks(self.pid)
+        return ticks is not None and (self.start == 0 or ticks == self.start)
+
+
+@contextmanager
+def on_death(argv: list[str]) -> Iterator[None]:
+    """Run `argv` if this process dies (SIGKILL included) inside the block; not if it leaves it."""
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "infra.lifeline", "--on-death", str(os.getpid()), *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=_importable_env(),
+    )
+    try:
+        yield
+    finally:
+        watchdog.terminate()
+        watchdog.wait()
+
+
+def _importable_env() -> dict[str, str]:
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _wait_then_run(parent: int, argv: list[str]) -> None:
+    try:
+        fd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        fd = None
+    if fd is not None and os.getppid() == parent:  # the fd is our launcher's, not a reused pid's
+        select.select([fd], [], [])  # readable once it has exited
+    os.execvp(argv[0], argv)
+
+
 def main() -> None:
-    if len(sys.argv) < 3:
-        print("usage: python -m infra.lifeline PARENT_PID CMD [ARG...]", file=sys.stderr)
+    args = sys.argv[1:]
+    watchdog = args[:1] == ["--on-death"]
+    args = args[1:] if watchdog else args
+    if len(args) < 2 or not args[0].isdigit():
+        print("usage: python -m infra.lifeline [--on-death] PARENT_PID CMD [ARG...]", file=sys.stderr)
         sys.exit(2)
-    die_with_parent(int(sys.argv[1]))
-    os.execvp(sys.argv[2], sys.argv[2:])
+    if watchdog:
+        _wait_then_run(int(args[0]), args[1:])
+    die_with_parent(int(args[0]))
+    os.execvp(args[1], args[1:])
 
 
 if __name__ == "__main__":

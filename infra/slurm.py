@@ -6,6 +6,11 @@ the allocation hosts torchrun's static rendezvous and every node learns its rank
 system every node shares (the same path everywhere). State comes from `squeue` while the job
 is queued or running, then from `sacct` (or `scontrol`, where accounting is disabled).
 A job that outlives its timeout, or whose caller is interrupted, is `scancel`ed.
+
+A launcher killed outright (SIGKILL) cannot scancel: a watchdog does (infra/lifeline.py
+`on_death`), at once. Every job also names its launcher in its comment (`ddlbench-launcher:`
+host.pid.start), so `cancel_orphans` (the next provision, `ddlbench cleanup`) cancels the jobs
+of dead launchers on this host that no watchdog did.
 """
 
 from __future__ import annotations
@@ -32,16 +37,19 @@ from infra.base import (
     failed_ranks_from_log,
     torchrun_shell,
 )
+from infra.lifeline import Launcher, on_death
 from infra.options import ProviderOptions, integer_at_least
 
 _TIME_RE = re.compile(r"^\d+$|^(\d+-)?\d{1,2}(:\d{2}){1,2}$|^\d+-\d{1,2}$")
+_COMMENT = "ddlbench-launcher:"
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 
 
 def _slurm(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     if shutil.which(argv[0]) is None:
-        raise ProviderError(f"slurm: `{argv[0]}` not found; install the SLURM client tools "
-                            "(slurm-client) or choose another provider")
+        raise ProviderError(
+            f"slurm: `{argv[0]}` not found; install the SLURM client tools (slurm-client) or choose another provider"
+        )
     proc = subprocess.run(list(argv), capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise ProviderError(f"slurm: `{' '.join(argv)}` failed: {proc.stderr.strip()}")
@@ -53,6 +61,20 @@ def controller_up() -> bool:
     if shutil.which("scontrol") is None:
         return False
     return " is UP" in subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout
+
+
+def cancel_orphans() -> list[str]:
+    """scancel this user's ddlbench jobs whose launcher ran on this host and is gone; their ids."""
+    out = _slurm("squeue", "-h", "--me", "-o", "%i|%k", check=False).stdout
+    orphans = []
+    for line in out.splitlines():
+        job_id, _, comment = line.strip().partition("|")
+        launcher = Launcher.parse(comment.removeprefix(_COMMENT)) if comment.startswith(_COMMENT) else None
+        if launcher is not None and launcher.here() and not launcher.alive():
+            orphans.append(job_id)
+    if orphans:
+        _slurm("scancel", *orphans, check=False)
+    return orphans
 
 
 class SlurmOptions(ProviderOptions):
@@ -105,24 +127,32 @@ class SlurmProvider(Provider):
             return self._nodes
         if not controller_up():
             _slurm("scontrol", "ping", check=False)
-            raise ProviderError("slurm: slurmctld does not answer `scontrol ping`; start the "
-                                "cluster (scripts/services/slurm.sh for a single-node one)")
+            raise ProviderError(
+                "slurm: slurmctld does not answer `scontrol ping`; start the "
+                "cluster (scripts/services/slurm.sh for a single-node one)"
+            )
         where_argv = ["-p", self.partition] if self.partition else []
         argv = ["sinfo", "-h", "-N", "-o", "%N", *where_argv]
         names = list(dict.fromkeys(_slurm(*argv).stdout.split()))
         where = f"partition {self.partition!r}" if self.partition else "the default partitions"
         if len(names) < self.nodes:
-            raise ProviderError(f"provider.options.nodes: {self.nodes} nodes requested, {where} "
-                                f"has {len(names)}")
+            raise ProviderError(f"provider.options.nodes: {self.nodes} nodes requested, {where} has {len(names)}")
         self._nodes = [Node(n, n) for n in names[: self.nodes]]
+        cancel_orphans()
         return self._nodes
 
     def batch_script(self, job: Job) -> str:
         """The sbatch script of a job (its #SBATCH lines carry every resource request)."""
         per_node = self.ranks_per_node(job.world_size)
-        directives = [f"--job-name=ddlbench-{job.module.rsplit('.', 1)[-1]}",
-                      f"--nodes={self.nodes}", "--ntasks-per-node=1", f"--time={self.time_limit}",
-                      f"--output={job.log_path.resolve()}", "--open-mode=append"]
+        directives = [
+            f"--job-name=ddlbench-{job.module.rsplit('.', 1)[-1]}",
+            f"--nodes={self.nodes}",
+            "--ntasks-per-node=1",
+            f"--time={self.time_limit}",
+            f"--output={job.log_path.resolve()}",
+            "--open-mode=append",
+            f"--comment={_COMMENT}{Launcher.this().tag()}",
+        ]
         if self.partition:
             directives.append(f"--partition={self.partition}")
         if self.account:
@@ -131,16 +161,27 @@ class SlurmProvider(Provider):
             directives.append(f"--gpus-per-node={self.gpus_per_node}")
         if self.cpus_per_node:
             directives.append(f"--cpus-per-task={self.cpus_per_node}")
-        torchrun = torchrun_shell(per_node, self.nodes, job.module, job.args,
-                                  '"$SLURM_NODEID"', '"$DDLBENCH_MASTER_ADDR"',
-                                  '"$DDLBENCH_MASTER_PORT"', self.python, max_restarts=job.max_restarts)
+        torchrun = torchrun_shell(
+            per_node,
+            self.nodes,
+            job.module,
+            job.args,
+            '"$SLURM_NODEID"',
+            '"$DDLBENCH_MASTER_ADDR"',
+            '"$DDLBENCH_MASTER_PORT"',
+            self.python,
+            max_restarts=job.max_restarts,
+        )
         srun = "exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c"
-        lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives),
-                 "# Rendezvous on the allocation's first node; one port per job id.",
-                 'DDLBENCH_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-                 "DDLBENCH_MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
-                 "export DDLBENCH_MASTER_ADDR DDLBENCH_MASTER_PORT",
-                 f"{srun} {shlex.quote(torchrun)}"]
+        lines = [
+            "#!/bin/bash",
+            *(f"#SBATCH {d}" for d in directives),
+            "# Rendezvous on the allocation's first node; one port per job id.",
+            'DDLBENCH_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+            "DDLBENCH_MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+            "export DDLBENCH_MASTER_ADDR DDLBENCH_MASTER_PORT",
+            f"{srun} {shlex.quote(torchrun)}",
+        ]
         return "\n".join(lines) + "\n"
 
     def run(self, job: Job, echo: bool = True) -> JobResult:
@@ -153,8 +194,7 @@ class SlurmProvider(Provider):
         script_path = workdir / f"ddlbench-{uuid.uuid4().hex[:8]}.sbatch"
         script_path.write_text(script)
         env = base_env(self.threads) | job.env
-        proc = subprocess.run(["sbatch", "--parsable", str(script_path)], capture_output=True,
-                              text=True, env=env)
+        proc = subprocess.run(["sbatch", "--parsable", str(script_path)], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise ProviderError(f"slurm: sbatch refused the job: {proc.stderr.strip()}")
         job_id = proc.stdout.strip().split(";")[0]
@@ -164,13 +204,14 @@ class SlurmProvider(Provider):
         timed_out = False
         offset = 0
         try:
-            while (state := self.queue_state(job_id)) in _ACTIVE:
-                offset = _echo_new(job.log_path, offset, echo)
-                if job.timeout_s is not None and time.monotonic() - start > job.timeout_s:
-                    timed_out = True
-                    self.cancel(job_id)
-                    break
-                time.sleep(self.poll_s)
+            with on_death(["scancel", job_id]):  # the launcher killed outright: its watchdog cancels
+                while (state := self.queue_state(job_id)) in _ACTIVE:
+                    offset = _echo_new(job.log_path, offset, echo)
+                    if job.timeout_s is not None and time.monotonic() - start > job.timeout_s:
+                        timed_out = True
+                        self.cancel(job_id)
+                        break
+                    time.sleep(self.poll_s)
         finally:
             if job_id in self._active and self.queue_state(job_id) in _ACTIVE:
                 self.cancel(job_id)
@@ -180,8 +221,13 @@ class SlurmProvider(Provider):
         if state != "COMPLETED" and rc == 0:
             rc = 124 if timed_out or state == "TIMEOUT" else 1
         text = job.log_path.read_text(errors="replace")
-        return JobResult(rc, time.monotonic() - start, job.log_path,
-                         failed_ranks_from_log(text) if rc else [], timed_out or state == "TIMEOUT")
+        return JobResult(
+            rc,
+            time.monotonic() - start,
+            job.log_path,
+            failed_ranks_from_log(text) if rc else [],
+            timed_out or state == "TIMEOUT",
+        )
 
     def queue_state(self, job_id: str) -> str | None:
         """PENDING, RUNNING, ... while squeue lists the job; None once it left the queue."""

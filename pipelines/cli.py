@@ -74,9 +74,9 @@ cli.add_command(train)
 
 def _register() -> None:
     # Each command family lives in its own module; each module lists its commands.
-    from pipelines import cli_model, cli_pipeline
+    from pipelines import cli_cleanup, cli_model, cli_pipeline
 
-    for cmd in (*cli_model.COMMANDS, *cli_pipeline.COMMANDS):
+    for cmd in (*cli_model.COMMANDS, *cli_pipeline.COMMANDS, *cli_cleanup.COMMANDS):
         cli.add_command(cmd)
 
 

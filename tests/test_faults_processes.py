@@ -86,6 +86,8 @@ def test_sigkill_of_ddlbench_run_leaves_no_process_and_sync_fails_its_runs(tmp_p
     statuses = {r.info.run_name: r.info.status for r in client.search_runs([experiment.experiment_id])}
     assert statuses and "RUNNING" not in statuses.values(), statuses
     assert statuses[ctx["run_key"]] == "FAILED"  # the parent: its process is gone
+    trained = [r for r in client.search_runs([experiment.experiment_id]) if "ddlbench.config_key" in r.data.tags]
+    assert trained and {r.info.status for r in trained} == {"FAILED"}  # the train run it was in
 
 
 def test_a_profiling_rank_that_dies_fails_the_profile_at_once_naming_it(tmp_path: Path) -> None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from infra import Job, ProviderError, get_provider
 from infra.slurm import SlurmProvider, controller_up
 
+ROOT = Path(__file__).resolve().parent.parent
 needs_slurm = pytest.mark.skipif(
     not controller_up(),
     reason="slurmctld is not running (CI starts it with scripts/services/slurm.sh)",
@@ -71,9 +74,7 @@ def test_option_errors():
         SlurmProvider(nodes=0)
     with pytest.raises(ProviderError, match="provider.options.gpus_per_node"):
         SlurmProvider(gpus_per_node=-1)
-    with pytest.raises(
-        ProviderError, match="provider.options: .*unexpected keyword argument 'queue'"
-    ):
+    with pytest.raises(ProviderError, match="provider.options: .*unexpected keyword argument 'queue'"):
         get_provider("slurm", queue="gpu")
     with pytest.raises(ProviderError, match="world size 3 does not split evenly over 2 nodes"):
         SlurmProvider(nodes=2).batch_script(Job("training.run", [], 3, log_path=Path("x")))
@@ -149,3 +150,90 @@ def test_a_failing_job_reports_its_rank(tmp_path):
     assert not result.ok and not result.timed_out
     assert result.failed_ranks and result.failed_ranks[0]["rank"] == 0
     assert "No module named ddlbench_no_such_module" in result.log_path.read_text()
+
+
+def _launch_in_a_process(tmp_path: Path, marker: str) -> tuple[subprocess.Popen, str]:
+    """A launcher process running a 2-rank job that sleeps (`marker` in its command lines); the
+    launcher and the job's SLURM id once the ranks run."""
+    code = (
+        "import sys; from pathlib import Path; from infra import Job; from infra.slurm import SlurmProvider\n"
+        "job = Job(module='timeit', args=['-n', '1', '-r', '1', '-s', 'import time', sys.argv[1]], world_size=2,\n"
+        "          log_path=Path(sys.argv[2]))\n"
+        "with SlurmProvider() as provider:\n"
+        "    provider.run(job, echo=False)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code, marker, str(tmp_path / "launcher.log")], cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while len(_ranks(marker)) < 2:
+        assert launcher.poll() is None and time.monotonic() < deadline, "the job's ranks never started"
+        time.sleep(0.2)
+    (job_id,) = _jobs_of(launcher.pid)
+    return launcher, job_id
+
+
+def _ranks(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+
+
+def _jobs_of(launcher_pid: int) -> list[str]:
+    """The queued or running SLURM jobs whose comment names this launcher."""
+    out = subprocess.run(["squeue", "-h", "--me", "-o", "%i|%k"], capture_output=True, text=True).stdout
+    return [line.split("|")[0] for line in out.splitlines() if f".{launcher_pid}." in line]
+
+
+def _gone_within(launcher_pid: int, marker: str, seconds: float) -> tuple[list[str], list[psutil.Process]]:
+    deadline = time.monotonic() + seconds
+    while (_jobs_of(launcher_pid) or _ranks(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _jobs_of(launcher_pid), _ranks(marker)
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@needs_slurm
+def test_sigkill_of_the_launcher_cancels_its_slurm_job_within_10_s(tmp_path):
+    marker = f"time.sleep(600.{time.time_ns() % 10**6})"
+    launcher, job_id = _launch_in_a_process(tmp_path, marker)
+    try:
+        launcher.kill()
+        launcher.wait()
+        t0 = time.monotonic()
+        assert _gone_within(launcher.pid, marker, 10) == ([], [])
+        print(f"slurm job {job_id} gone {time.monotonic() - t0:.1f} s after its launcher's SIGKILL")
+        state, _ = SlurmProvider().final_state(job_id)
+        assert state == "CANCELLED"
+    finally:
+        subprocess.run(["scancel", *_jobs_of(launcher.pid)], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@needs_slurm
+def test_a_job_whose_launcher_and_watchdog_died_is_cancelled_by_ddlbench_cleanup(tmp_path):
+    marker = f"time.sleep(600.{time.time_ns() % 10**6})"
+    launcher, job_id = _launch_in_a_process(tmp_path, marker)
+    try:
+        (watchdog,) = [
+            p
+            for p in psutil.Process(launcher.pid).children()
+            if "--on-death" in p.cmdline() and str(launcher.pid) in p.cmdline()
+        ]
+        watchdog.kill()
+        while watchdog.is_running() and watchdog.status() != psutil.STATUS_ZOMBIE:  # dead, unreaped
+            time.sleep(0.05)
+        launcher.kill()
+        launcher.wait()
+        time.sleep(2)
+        assert _jobs_of(launcher.pid) == [job_id]  # nothing else would have cancelled it
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("ddlbench")), "cleanup"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"slurm job {job_id}" in done.stdout
+        assert _gone_within(launcher.pid, marker, 10) == ([], [])
+    finally:
+        subprocess.run(["scancel", *_jobs_of(launcher.pid)], capture_output=True)

@@ -1,0 +1,83 @@
+"""`ddlbench cleanup`: end what the jobs of dead launchers left behind on the clusters.
+
+A launcher killed outright (SIGKILL, an OOM kill, a lost Airflow worker) cannot clean up.
+Its local torchrun agents and ranks die with it (infra/lifeline.py) and its SLURM job or
+Kubernetes Job is ended by its watchdog; what is left when the watchdog died too, and the
+network namespaces of a netns cluster, is removed here (and by the provider's next run).
+Only what a dead launcher on this host owns is touched: other runs' clusters are left alone.
+
+MLflow runs left RUNNING are `ddlbench sync`'s (`--abandoned` for their parents): the run
+journal, not the cluster, knows them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import click
+import yaml
+
+
+def sweep(kubernetes: dict[str, Any] | None = None) -> list[str]:
+    """What was removed, one line each: netns namespaces (with their links and bridge), SLURM
+    jobs, and, given provider options, Kubernetes Jobs (with their pods and Services)."""
+    from infra.slurm import cancel_orphans, controller_up
+
+    removed: list[str] = []
+    if os.geteuid() == 0 and shutil.which("ip"):
+        from infra.netns import cleanup_stale
+
+        removed += [f"netns namespace {ns}" for ns in cleanup_stale()]
+    if controller_up():
+        removed += [f"slurm job {job_id}" for job_id in cancel_orphans()]
+    if kubernetes is not None:
+        from infra.kubernetes import KubernetesProvider
+
+        provider = KubernetesProvider(**kubernetes)
+        removed += [f"kubernetes job {provider.namespace}/{name}" for name in provider.delete_orphans()]
+    return removed
+
+
+def _kubernetes_options(_ctx: Any, param: Any, value: str | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    options = yaml.safe_load(value)
+    if not isinstance(options, dict):
+        raise click.BadParameter(f"expected a YAML mapping of provider options, got {value!r}", param=param)
+    return options
+
+
+def _cleanup(kubernetes: dict[str, Any] | None) -> None:
+    from infra import ProviderError
+
+    try:
+        removed = sweep(kubernetes)
+    except ProviderError as err:
+        raise click.UsageError(str(err)) from None
+    for line in removed:
+        click.echo(f"removed {line}")
+    if not removed:
+        click.echo("nothing to clean up: no cluster resources of dead launchers")
+
+
+cleanup = click.Command(
+    "cleanup",
+    callback=_cleanup,
+    help="Remove what jobs of dead launchers on this host left behind: netns namespaces, bridges "
+    "and veths, SLURM jobs, and (with --kubernetes) Kubernetes Jobs. Live runs are never touched. "
+    "MLflow runs left RUNNING: `ddlbench sync`.",
+    params=[
+        click.Option(
+            ["--kubernetes", "kubernetes"],
+            default=None,
+            callback=_kubernetes_options,
+            metavar="OPTIONS",
+            help="Also delete Jobs of dead launchers through this cluster: the provider's options as "
+            "YAML, e.g. '{namespace: bench, kubeconfig: ~/.kube/config}'.",
+        ),
+    ],
+)
+
+COMMANDS: list[click.Command] = [cleanup]
