@@ -157,6 +157,40 @@ def test_a_killed_owner_leaves_nothing_behind_after_the_next_provision():
     assert not any(tag in n for n in namespaces()) and tag not in links()
 
 
+def _owner() -> tuple[subprocess.Popen, str]:
+    """A process that provisions a 2-node cluster and keeps it; the process and the cluster's tag."""
+    code = (
+        "from infra.netns import NetnsProvider; import time; p = NetnsProvider(nodes=2); "
+        "p.provision(); print(p.tag, flush=True); time.sleep(120)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    tag = owner.stdout.readline().strip()
+    assert tag and len([n for n in namespaces() if tag in n]) == 2
+    return owner, tag
+
+
+@pytest.mark.faults
+@pytest.mark.netns
+@needs_root
+def test_ddlbench_cleanup_removes_a_dead_owners_cluster_and_leaves_a_live_one():
+    dead, dead_tag = _owner()
+    live, live_tag = _owner()
+    try:
+        dead.kill()
+        dead.wait()
+        done = subprocess.run([str(Path(sys.executable).with_name("ddlbench")), "cleanup"], capture_output=True,
+                              text=True, cwd=ROOT, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert len([line for line in done.stdout.splitlines() if "netns namespace" in line and dead_tag in line]) == 2
+        assert not any(dead_tag in n for n in namespaces()) and dead_tag not in links()
+        assert len([n for n in namespaces() if live_tag in n]) == 2 and f"db{live_tag}" in links()
+    finally:
+        live.kill()
+        live.wait()
+        cleanup_stale()
+    assert not any(live_tag in n for n in namespaces())
+
+
 @pytest.mark.slow
 @pytest.mark.netns
 @needs_root
