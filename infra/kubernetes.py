@@ -7,6 +7,12 @@ GPU requests, node selectors and tolerations come from the options. The job is w
 until it completes or fails (or its timeout passes), every pod's log is collected into the
 job's log file, and the Job (with its pods) and the Service are deleted.
 
+A launcher killed outright cannot delete its Job: its watchdog does (`python -m infra.kubernetes
+delete-on-death`, started through infra/lifeline.py `watchdog`). Every Job and Service carries
+its launcher (labels `ddlbench.io/launcher-host`, `ddlbench.io/launcher-pid`, and the full
+identity in annotation `ddlbench.io/launcher`), so `delete_orphans` (the next provision,
+`ddlbench cleanup --kubernetes`) deletes those of dead launchers on this host that no watchdog did.
+
 Run directories are paths on a volume every pod and the submitter share: mount a
 ReadWriteMany claim (`volume_claim`) at the same path as the run home (`mount_path`).
 The image must hold this repository and its dependencies (infra/deploy/kubernetes/).
@@ -14,9 +20,11 @@ The image must hold this repository and its dependencies (infra/deploy/kubernete
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
+import sys
 import time
 from typing import Annotated, Any
 
@@ -31,11 +39,20 @@ from infra.base import (
     failed_ranks_from_log,
     torchrun_shell,
 )
+from infra.lifeline import Launcher, wait_for_exit, watchdog
 from infra.options import ProviderOptions, integer_at_least
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 JOB_LABEL = "ddlbench.io/job"
+LAUNCHER_HOST_LABEL = "ddlbench.io/launcher-host"
+LAUNCHER_PID_LABEL = "ddlbench.io/launcher-pid"
+LAUNCHER_ANNOTATION = "ddlbench.io/launcher"
+
+
+def _label_value(text: str) -> str:
+    """`text` as a label value: 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
 
 
 def _toleration(tol: Any) -> Any:
@@ -74,7 +91,8 @@ class KubernetesOptions(ProviderOptions):
     def _selector(cls, v: Any) -> Any:
         selector = v or {}
         if not isinstance(selector, dict) or not all(
-                isinstance(k, str) and isinstance(val, str) for k, val in selector.items()):
+            isinstance(k, str) and isinstance(val, str) for k, val in selector.items()
+        ):
             raise ValueError(f"expected a mapping of label to value, got {v!r}")
         return selector
 
@@ -87,8 +105,9 @@ class KubernetesOptions(ProviderOptions):
     @classmethod
     def _mount_path(cls, v: str | None, info: ValidationInfo) -> str | None:
         if info.data.get("volume_claim") and not v:
-            raise ValueError("volume_claim needs the path to mount it at (the run home, the same path as on "
-                             "the submitter)")
+            raise ValueError(
+                "volume_claim needs the path to mount it at (the run home, the same path as on the submitter)"
+            )
         return v
 
     @field_validator("name_prefix")
@@ -131,18 +150,38 @@ class KubernetesProvider(Provider):
     def objects(self, job: Job, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The headless Service and the Indexed Job of a run, as Kubernetes API dicts."""
         per_node = self.ranks_per_node(job.world_size)
+        launcher = Launcher.this()
         labels = {"app.kubernetes.io/name": "ddlbench", JOB_LABEL: name}
+        owner = {LAUNCHER_HOST_LABEL: _label_value(launcher.host), LAUNCHER_PID_LABEL: str(launcher.pid)}
+        annotations = {LAUNCHER_ANNOTATION: launcher.tag()}
         service = {
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": labels | owner,
+                "annotations": annotations,
+            },
             # headless, and published before readiness: pods resolve <job>-0.<job> while starting
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": {JOB_LABEL: name},
-                     "ports": [{"name": "rendezvous", "port": self.master_port}]},
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {JOB_LABEL: name},
+                "ports": [{"name": "rendezvous", "port": self.master_port}],
+            },
         }
-        command = torchrun_shell(per_node, self.nodes, job.module, job.args,
-                                 '"$JOB_COMPLETION_INDEX"', f"{name}-0.{name}",
-                                 str(self.master_port), self.python, max_restarts=job.max_restarts)
+        command = torchrun_shell(
+            per_node,
+            self.nodes,
+            job.module,
+            job.args,
+            '"$JOB_COMPLETION_INDEX"',
+            f"{name}-0.{name}",
+            str(self.master_port),
+            self.python,
+            max_restarts=job.max_restarts,
+        )
         env = {"OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"} | job.env
         resources: dict[str, dict[str, str]] = {}
         if self.cpu:
@@ -153,13 +192,14 @@ class KubernetesProvider(Provider):
             # extended resources: the limit is the request
             resources["limits"] = {"nvidia.com/gpu": str(self.gpus_per_node)}
         container: dict[str, Any] = {
-            "name": "torchrun", "image": self.image, "command": ["bash", "-c", command],
+            "name": "torchrun",
+            "image": self.image,
+            "command": ["bash", "-c", command],
             "env": [{"name": k, "value": v} for k, v in env.items()],
             "ports": [{"containerPort": self.master_port, "name": "rendezvous"}],
             "resources": resources,
         }
-        pod_spec: dict[str, Any] = {"subdomain": name, "restartPolicy": "Never",
-                                    "containers": [container]}
+        pod_spec: dict[str, Any] = {"subdomain": name, "restartPolicy": "Never", "containers": [container]}
         if self.node_selector:
             pod_spec["nodeSelector"] = self.node_selector
         if self.tolerations:
@@ -168,18 +208,27 @@ class KubernetesProvider(Provider):
             pod_spec["serviceAccountName"] = self.service_account
         if self.volume_claim:
             container["volumeMounts"] = [{"name": "runs", "mountPath": self.mount_path}]
-            pod_spec["volumes"] = [{"name": "runs",
-                                    "persistentVolumeClaim": {"claimName": self.volume_claim}}]
+            pod_spec["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": self.volume_claim}}]
         job_spec: dict[str, Any] = {
-            "completionMode": "Indexed", "completions": self.nodes, "parallelism": self.nodes,
+            "completionMode": "Indexed",
+            "completions": self.nodes,
+            "parallelism": self.nodes,
             "backoffLimit": 0,  # a failed rank fails the run; torchrun does not restart either
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         }
         if job.timeout_s is not None:
             job_spec["activeDeadlineSeconds"] = max(1, int(job.timeout_s))
-        k8s_job = {"apiVersion": "batch/v1", "kind": "Job",
-                   "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
-                   "spec": job_spec}
+        k8s_job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": labels | owner,
+                "annotations": annotations,
+            },
+            "spec": job_spec,
+        }
         return service, k8s_job
 
     # -- API -------------------------------------------------------------------------------
@@ -197,11 +246,11 @@ class KubernetesProvider(Provider):
                 config.load_incluster_config()
                 api = client.ApiClient()
             else:
-                api = config.new_client_from_config(config_file=self.kubeconfig,
-                                                    context=self.context)
+                api = config.new_client_from_config(config_file=self.kubeconfig, context=self.context)
         except config.ConfigException as err:
-            raise ProviderError(f"kubernetes: no cluster to talk to ({err}); give "
-                                "provider.options.kubeconfig or run inside a cluster") from None
+            raise ProviderError(
+                f"kubernetes: no cluster to talk to ({err}); give provider.options.kubeconfig or run inside a cluster"
+            ) from None
         self._api = (client.CoreV1Api(api), client.BatchV1Api(api), client.VersionApi(api))
         return self._api
 
@@ -214,8 +263,8 @@ class KubernetesProvider(Provider):
             self._client()[2].get_code()
         except (ApiException, HTTPError, OSError) as err:
             raise ProviderError(f"kubernetes: the API server does not answer: {err}") from None
-        return [Node(f"index-{i}", f"<job>-{i}.<job>.{self.namespace}") for i in
-                range(self.nodes)]
+        self.delete_orphans()
+        return [Node(f"index-{i}", f"<job>-{i}.<job>.{self.namespace}") for i in range(self.nodes)]
 
     def run(self, job: Job, echo: bool = True) -> JobResult:
         name = f"{self.name_prefix}-{secrets.token_hex(4)}"
@@ -224,24 +273,36 @@ class KubernetesProvider(Provider):
         core, batch, _ = self._client()
         self.last_job_name = name
         start = time.monotonic()
-        self._created.append(("service", name))
-        core.create_namespaced_service(self.namespace, service)
-        self._created.append(("job", name))
-        batch.create_namespaced_job(self.namespace, k8s_job)
         deadline = None if job.timeout_s is None else start + job.timeout_s
-        try:
-            while (outcome := self.job_outcome(name)) == "running":
-                if deadline is not None and time.monotonic() > deadline:
-                    outcome = "timeout"
-                    break
-                time.sleep(self.poll_s)
-            self.collect_logs(name, job, echo)
-        finally:
-            self.delete(name)
+        # the launcher killed outright: its watchdog deletes what it created
+        deleter = [
+            sys.executable,
+            "-m",
+            "infra.kubernetes",
+            "delete-on-death",
+            str(os.getpid()),
+            name,
+            self.options.model_dump_json(),
+        ]
+        with watchdog(deleter):
+            try:
+                self._created.append(("service", name))
+                core.create_namespaced_service(self.namespace, service)
+                self._created.append(("job", name))
+                batch.create_namespaced_job(self.namespace, k8s_job)
+                while (outcome := self.job_outcome(name)) == "running":
+                    if deadline is not None and time.monotonic() > deadline:
+                        outcome = "timeout"
+                        break
+                    time.sleep(self.poll_s)
+                self.collect_logs(name, job, echo)
+            finally:
+                self.delete(name)
         rc = {"succeeded": 0, "failed": 1, "timeout": 124}[outcome]
         text = job.log_path.read_text(errors="replace") if job.log_path.exists() else ""
-        return JobResult(rc, time.monotonic() - start, job.log_path,
-                         failed_ranks_from_log(text) if rc else [], outcome == "timeout")
+        return JobResult(
+            rc, time.monotonic() - start, job.log_path, failed_ranks_from_log(text) if rc else [], outcome == "timeout"
+        )
 
     def job_outcome(self, name: str) -> str:
         """running, succeeded, failed or timeout, from the Job's status and conditions."""
@@ -285,8 +346,7 @@ class KubernetesProvider(Provider):
         for kind, obj in [k for k in self._created if k[1] == name]:
             try:
                 if kind == "job":
-                    batch.delete_namespaced_job(obj, self.namespace,
-                                                propagation_policy="Background")
+                    batch.delete_namespaced_job(obj, self.namespace, propagation_policy="Background")
                 else:
                     core.delete_namespaced_service(obj, self.namespace)
             except ApiException as err:
@@ -294,6 +354,43 @@ class KubernetesProvider(Provider):
                     raise ProviderError(f"kubernetes: deleting {kind} {obj}: {err}") from None
             self._created.remove((kind, obj))
 
+    def delete_orphans(self) -> list[str]:
+        """Delete the Jobs (and Services) in the namespace whose launcher ran on this host and is
+        gone; their names. Jobs of other hosts' launchers, and of live ones, are left alone."""
+        here = Launcher.this()
+        selector = f"{LAUNCHER_HOST_LABEL}={_label_value(here.host)}"
+        orphans = []
+        for k8s_job in self._client()[1].list_namespaced_job(self.namespace, label_selector=selector).items:
+            tag = (k8s_job.metadata.annotations or {}).get(LAUNCHER_ANNOTATION, "")
+            launcher = Launcher.parse(tag)
+            if launcher is not None and launcher.here() and not launcher.alive():
+                orphans.append(k8s_job.metadata.name)
+        for name in orphans:
+            self._created += [("job", name), ("service", name)]
+            self.delete(name)
+        return orphans
+
     def teardown(self) -> None:
         for name in {obj for _, obj in self._created}:
             self.delete(name)
+
+
+def main() -> None:
+    """`python -m infra.kubernetes delete-on-death PID NAME OPTIONS_JSON`: a launcher's watchdog.
+    Ready to talk to the API server first (the client's imports take seconds), it deletes the
+    run's Job and Service once the launcher PID has died."""
+    if len(sys.argv) != 5 or sys.argv[1] != "delete-on-death" or not sys.argv[2].isdigit():
+        print("usage: python -m infra.kubernetes delete-on-death PID NAME OPTIONS_JSON", file=sys.stderr)
+        sys.exit(2)
+    name = sys.argv[3]
+    provider = KubernetesProvider(**json.loads(sys.argv[4]))
+    provider._client()
+    from kubernetes.client.exceptions import ApiException  # noqa: F401 - imported before it is needed
+
+    wait_for_exit(int(sys.argv[2]))
+    provider._created = [("job", name), ("service", name)]
+    provider.delete(name)
+
+
+if __name__ == "__main__":
+    main()

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,10 +117,11 @@ class Launcher:
 
 
 @contextmanager
-def on_death(argv: list[str]) -> Iterator[None]:
-    """Run `argv` if this process dies (SIGKILL included) inside the block; not if it leaves it."""
-    watchdog = subprocess.Popen(
-        [sys.executable, "-m", "infra.lifeline", "--on-death", str(os.getpid()), *argv],
+def watchdog(argv: list[str]) -> Iterator[None]:
+    """Keep `argv` running, in a session of its own, while inside the block; stop it on leaving.
+    `argv` is a watchdog: it waits for this process to die (`wait_for_exit`), then acts."""
+    proc = subprocess.Popen(
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -130,8 +131,13 @@ def on_death(argv: list[str]) -> Iterator[None]:
     try:
         yield
     finally:
-        watchdog.terminate()
-        watchdog.wait()
+        proc.terminate()
+        proc.wait()
+
+
+def on_death(argv: list[str]) -> AbstractContextManager[None]:
+    """Run `argv` if this process dies (SIGKILL included) inside the block; not if it leaves it."""
+    return watchdog([sys.executable, "-m", "infra.lifeline", "--on-death", str(os.getpid()), *argv])
 
 
 def _importable_env() -> dict[str, str]:
@@ -141,25 +147,29 @@ def _importable_env() -> dict[str, str]:
     return env
 
 
-def _wait_then_run(parent: int, argv: list[str]) -> None:
+def wait_for_exit(parent: int) -> None:
+    """Return once `parent` (this process's parent when it started) has exited."""
     try:
         fd = os.pidfd_open(parent)
     except ProcessLookupError:
-        fd = None
-    if fd is not None and os.getppid() == parent:  # the fd is our launcher's, not a reused pid's
-        select.select([fd], [], [])  # readable once it has exited
-    os.execvp(argv[0], argv)
+        return
+    try:
+        if os.getppid() == parent:  # the fd is our launcher's, not a reused pid's
+            select.select([fd], [], [])  # readable once it has exited
+    finally:
+        os.close(fd)
 
 
 def main() -> None:
     args = sys.argv[1:]
-    watchdog = args[:1] == ["--on-death"]
-    args = args[1:] if watchdog else args
+    after_death = args[:1] == ["--on-death"]
+    args = args[1:] if after_death else args
     if len(args) < 2 or not args[0].isdigit():
         print("usage: python -m infra.lifeline [--on-death] PARENT_PID CMD [ARG...]", file=sys.stderr)
         sys.exit(2)
-    if watchdog:
-        _wait_then_run(int(args[0]), args[1:])
+    if after_death:
+        wait_for_exit(int(args[0]))
+        os.execvp(args[1], args[1:])
     die_with_parent(int(args[0]))
     os.execvp(args[1], args[1:])
 

@@ -9,19 +9,25 @@ in the shapes the API documents. It validates what it receives as a real API ser
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+import psutil
 import pytest
 import yaml
 from kubernetes import client
 
 from infra import Job, ProviderError, get_provider
-from infra.kubernetes import JOB_LABEL, KubernetesProvider
+from infra.kubernetes import JOB_LABEL, LAUNCHER_ANNOTATION, LAUNCHER_PID_LABEL, KubernetesProvider
 
+REPO = Path(__file__).resolve().parent.parent
 DEPLOY = Path(__file__).resolve().parent.parent / "infra" / "deploy" / "kubernetes"
 ROOT_CAUSE = """[rank1]: RuntimeError: boom
 Root Cause (first observed failure):
@@ -157,6 +163,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self.reply(
                 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": self.server.pods(ns, job)}
             )
+        if kind == "jobs" and name is None:
+            key, _, value = parse_qs(urlparse(self.path).query).get("labelSelector", [""])[0].partition("=")
+            items = [
+                body
+                for (k, n, _), body in self.server.objects.items()
+                if k == "jobs" and n == ns and body["metadata"]["labels"].get(key) == value
+            ]
+            return self.reply(200, {"kind": "JobList", "apiVersion": "batch/v1", "metadata": {}, "items": items})
         if kind == "pods" and sub == "log":
             return self.reply(200, self.server.log(name))
         self.status(404, "NotFound", f"{self.path} not found")
@@ -297,7 +311,7 @@ def test_submit_watch_collect_delete(api_server, tmp_path):
     )
     assert api_server.objects == {}
     calls = [(m, p) for m, p in api_server.requests]
-    assert calls[:2] == [
+    assert [c for c in calls if c[0] == "POST"] == [
         ("POST", "/api/v1/namespaces/bench/services"),
         ("POST", "/apis/batch/v1/namespaces/bench/jobs"),
     ]
@@ -335,6 +349,7 @@ def test_the_rbac_role_allows_every_call_the_provider_makes():
     allowed = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
     needed = {
         ("jobs", "create"),
+        ("jobs", "list"),
         ("jobs", "delete"),
         ("jobs/status", "get"),
         ("services", "create"),
@@ -344,3 +359,101 @@ def test_the_rbac_role_allows_every_call_the_provider_makes():
     }
     assert needed <= allowed
     assert {d["kind"] for d in docs} == {"ServiceAccount", "Role", "RoleBinding"}
+
+
+@pytest.mark.parametrize("api_server", [("succeed", 2)], indirect=True)
+def test_the_job_names_its_launcher(api_server, tmp_path):
+    from infra.lifeline import Launcher
+
+    provider = KubernetesProvider(**provider_options())
+    job = Job(module="training.run", args=[str(tmp_path)], world_size=8, log_path=tmp_path / "launcher.log")
+    for obj in provider.objects(job, "ddlbench-abc"):
+        meta = obj["metadata"]
+        assert meta["labels"][LAUNCHER_PID_LABEL] == str(os.getpid())
+        assert Launcher.parse(meta["annotations"][LAUNCHER_ANNOTATION]) == Launcher.this()
+
+
+def _launcher(server: FakeApiServer, tmp_path: Path) -> subprocess.Popen:
+    """A process running a job that never ends through `server`, once its Job exists."""
+    code = (
+        "import sys; from pathlib import Path; from infra import Job; from infra.kubernetes import KubernetesProvider\n"
+        "job = Job(module='training.run', args=['x'], world_size=2, log_path=Path(sys.argv[2]))\n"
+        "with KubernetesProvider(nodes=2, namespace='bench', api_server=sys.argv[1], poll_s=0.05) as provider:\n"
+        "    provider.run(job, echo=False)\n"
+    )
+    before = set(server.objects)
+    launcher = subprocess.Popen([sys.executable, "-c", code, server.url, str(tmp_path / "launcher.log")], cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not any(kind == "jobs" for kind, _, _ in set(server.objects) - before):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the launcher never created its Job"
+        time.sleep(0.05)
+    return launcher
+
+
+def _holds_a_pidfd(pid: int) -> bool:
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if "pidfd" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                return True
+        except FileNotFoundError:  # closed meanwhile
+            continue
+    return False
+
+
+def _watchdog(launcher: subprocess.Popen) -> psutil.Process:
+    """The launcher's watchdog once it waits on the launcher's pidfd (its client imported: a job
+    runs far longer than that)."""
+    (watchdog,) = [p for p in psutil.Process(launcher.pid).children() if "delete-on-death" in p.cmdline()]
+    deadline = time.monotonic() + 60
+    while not _holds_a_pidfd(watchdog.pid):
+        assert time.monotonic() < deadline, "the watchdog never got ready"
+        time.sleep(0.05)
+    return watchdog
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@pytest.mark.parametrize("api_server", [("hang", 2)], indirect=True)
+def test_sigkill_of_the_launcher_deletes_its_job_and_service_within_10_s(api_server, tmp_path):
+    launcher = _launcher(api_server, tmp_path)
+    _watchdog(launcher)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while api_server.objects and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert api_server.objects == {}
+    print(f"Job and Service deleted {time.monotonic() - deadline + 10:.1f} s after the launcher's SIGKILL")
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@pytest.mark.parametrize("api_server", [("hang", 2)], indirect=True)
+def test_cleanup_deletes_jobs_of_dead_launchers_only(api_server, tmp_path):
+    """The launcher's watchdog died with it: `ddlbench cleanup --kubernetes` deletes its Job and
+    Service; a live launcher's Job (this process's) stays."""
+    provider = KubernetesProvider(nodes=2, namespace="bench", api_server=api_server.url)
+    live = Job(module="training.run", args=["y"], world_size=2, log_path=tmp_path / "live.log")
+    core, batch, _ = provider._client()
+    service, k8s_job = provider.objects(live, "ddlbench-live")
+    core.create_namespaced_service("bench", service)
+    batch.create_namespaced_job("bench", k8s_job)
+    launcher = _launcher(api_server, tmp_path)
+    watchdog = _watchdog(launcher)
+    watchdog.kill()
+    while watchdog.is_running() and watchdog.status() != psutil.STATUS_ZOMBIE:  # dead, unreaped
+        time.sleep(0.05)
+    launcher.kill()
+    launcher.wait()
+    (orphan,) = {n for _, _, n in api_server.objects} - {"ddlbench-live"}
+    options = json.dumps({"namespace": "bench", "api_server": api_server.url})
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ddlbench")), "cleanup", "--kubernetes", options],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"removed kubernetes job bench/{orphan}" in done.stdout
+    assert set(api_server.objects) == {("services", "bench", "ddlbench-live"), ("jobs", "bench", "ddlbench-live")}
