@@ -159,7 +159,7 @@ class AirflowServices:
         return self._token
 
     def api(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        headers = {"Authorization": f"Bearer {self.token()}"}
+        headers = {"Authorization": f"Bearer {self.token()}"} | kwargs.pop("headers", {})
         return requests.request(method, f"{self.base}/api/v2{path}", headers=headers, timeout=60, **kwargs)
 
     def wait_for_dag(self, dag_id: str, timeout_s: float = 180) -> dict[str, Any]:
@@ -197,6 +197,17 @@ class AirflowServices:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{dag_id} {run_id} still {run['state']} after {timeout_s:.0f} s")
             time.sleep(every_s)
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """What a task instance logged, one event per line, as the UI shows it."""
+        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+                     params={"full_content": "true"}, headers={"Accept": "application/json"})
+        r.raise_for_status()
+        content = r.json().get("content", [])
+        if isinstance(content, str):
+            return content
+        return "\n".join(str(e.get("event", e)) + (f" {e['error_detail']}" if e.get("error_detail") else "")
+                         if isinstance(e, dict) else str(e) for e in content)
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         r = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})

@@ -148,6 +148,23 @@ def test_a_bad_form_value_is_refused_at_trigger_and_creates_no_run(airflow: Airf
 
 
 @pytest.mark.faults
+@pytest.mark.timeout(600)
+def test_a_bad_trigger_that_passes_the_form_fails_in_start_naming_the_field_and_creates_no_run(
+        airflow: AirflowServices, tmp_path: Path) -> None:
+    """A model name is any string to the form; preflight (in `start`) knows the registry."""
+    home = tmp_path / "home"
+    run, tis, _, _ = _run(airflow, "ddlbench_hardware_onboarding", ONBOARDING_FORM | {"models": ["resnet9000"]},
+                          home, timeout_s=300)
+    states = _states(tis)
+    assert run["state"] == "failed" and states["start"] == "failed", states
+    assert not {s for t, s in states.items() if t != "start"} & {"success", "running", "failed"}, states
+    log = airflow.task_log("ddlbench_hardware_onboarding", run["dag_run_id"], "start")
+    assert "].model: unknown model 'resnet9000'" in log, log[-3000:]
+    assert not (home / "runs").exists() or list((home / "runs").iterdir()) == []
+    assert not (home / "mlflow.db").exists()  # no store, so no MLflow run
+
+
+@pytest.mark.faults
 @pytest.mark.timeout(900)
 def test_a_training_task_killed_by_its_execution_timeout_fails_the_run_and_leaves_nothing(
         airflow: AirflowServices, tmp_path: Path) -> None:
