@@ -44,7 +44,9 @@ def test_sigkill_of_ddlbench_train_ends_its_torchrun_agent_and_ranks(tmp_path: P
         assert agent is not None and "torch.distributed.run" in " ".join(agent.cmdline())
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(10)
+        killed = time.monotonic()
         assert gone_within(out, GONE_WITHIN_S) == []
+        print(f"`ddlbench train`'s job gone {time.monotonic() - killed:.1f} s after its SIGKILL")
     finally:
         launcher.kill()
         for p in psutil.process_iter(["cmdline"]):  # never leak into the next test
@@ -72,7 +74,9 @@ def test_sigkill_of_ddlbench_run_leaves_no_process_and_sync_fails_its_runs(tmp_p
         assert processes_under(run_dir), "the training job never started"
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(10)
+        killed = time.monotonic()
         assert gone_within(run_dir, GONE_WITHIN_S) == []
+        print(f"`ddlbench run`'s job gone {time.monotonic() - killed:.1f} s after its SIGKILL")
     finally:
         launcher.kill()
 
