@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from modelling.configs import MicrobenchSettings, ProfileSettings
 from modelling.units import parse_rate
@@ -155,12 +155,34 @@ class WhatIfSpec(Section):
 
 
 class RegressionSpec(Section):
-    throughput_drop: float = Field(
-        0.10, gt=0, lt=1, description="Flag when the median throughput over repeats falls by more than this fraction."
+    """The regression alarm (pipelines/report_regression.py): this run against its history."""
+
+    history: int = Field(
+        10, ge=2, le=100, description="Earlier FINISHED runs of the same spec and hardware compared against."
+    )
+    min_history: int = Field(
+        3, ge=2, le=100, description="Fewer earlier runs than this: no statement, the check says the history is short."
+    )
+    alpha: float = Field(
+        0.05, gt=0, lt=0.5, description="Significance of the one-sided test (its A/A false-alarm rate at most this)."
+    )
+    min_effect: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        validation_alias=AliasChoices("min_effect", "throughput_drop"),
+        description="Smallest throughput slowdown (fraction) that is a regression, however significant "
+        "(`throughput_drop`, the old name, is read as this).",
     )
     prediction_error_rise: float = Field(
-        0.10, gt=0, description="Flag when the median absolute prediction error rises by more than this (absolute)."
+        0.10, gt=0, description="Smallest rise of the median absolute prediction error (absolute) that is a regression."
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> RegressionSpec:
+        if self.min_history > self.history:
+            raise ValueError(f"min_history: {self.min_history} is above history ({self.history})")
+        return self
 
 
 class TrackingSpec(Section):
