@@ -162,3 +162,99 @@ def test_the_injected_delay_and_the_regression_section_keep_the_spec_hash() -> N
     assert injected.spec_hash() == base.spec_hash()
     assert injected.train["inject_delay_ms"] == 20
     assert load_spec(nightly, {"train.lr": 0.06}).spec_hash() != base.spec_hash()
+
+
+# The end-to-end spec: the cheapest real pipeline (mlp on digits, one config, no microbench or
+# profile). Deterministic by construction, not by luck:
+# - A/A: a false alarm needs a slowdown above min_effect = 60%, i.e. an A/A run 2.5x slower than
+#   the geometric mean of the runs before it, on the same machine minutes apart; the loaded shared
+#   machine scatters runs by about +-15% (benchmarks/bench_regression.py), so that cannot happen
+#   however small the p-value is.
+# - injected: 250 ms of sleep in each iteration, against an iteration of ~5-10 ms on a quiet
+#   machine and ~80 ms with this machine's load at its worst seen: 4x slower at least, an effect
+#   below -0.75 (beyond min_effect); alpha = 0.25 is met at df = 3 unless the A/A history itself
+#   scattered by more than 3x, the same impossibility as above.
+TINY = """\
+version: 1
+name: alarm-e2e
+suite: adhoc
+hardware: cpu-alarm-e2e
+workloads: [{model: mlp, dataset: digits}]
+algorithms: [{name: ssgd, comm: allreduce}]
+workers: [2]
+batch_sizes: [32]
+steps: 24
+train: {measure_warmup: 4, threads: 1, timeout_s: 60}
+train_timeout_s: 300
+microbench: {enabled: false}
+profile: {enabled: false}
+tracking: {system_metrics: false}
+regression: {min_history: 2, alpha: 0.25, min_effect: 0.6}
+"""
+E2E_CONFIG = "mlp-ssgd-allreduce-w2-b32"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+    from mlflow import MlflowClient
+
+    from pipelines import steps
+    from pipelines.cli import cli
+    from pipelines.report_regression import find_history
+    from pipelines.tracking import tracker_for
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec, home = tmp_path / "alarm-e2e.yaml", tmp_path / "home"
+    spec.write_text(TINY)
+    runner = CliRunner(env={"COLUMNS": "250", "MLFLOW_TRACKING_URI": None})
+
+    def run(key: str, *sets: str) -> dict[str, Any]:
+        args = ["run", str(spec), "--run-key", key, "--home", str(home)]
+        out = runner.invoke(cli, [*args, *(a for s in sets for a in ("--set", s))])
+        assert out.exit_code == 0, out.output
+        return json.loads((home / "runs" / key / "report" / "report.json").read_text())
+
+    keys = ["aa-0", "aa-1", "aa-2"]
+    reports = [run(k) for k in keys]
+    injected = run("injected", "train.inject_delay_ms=250")
+    assert [r["regression"]["status"] for r in reports] == ["no-baseline", "short-history", "passed"]
+    assert reports[1]["regression"]["history_runs"] == 1
+    assert reports[2]["regressions"] == [] and reports[2]["regression"]["history_run_keys"] == ["aa-1", "aa-0"]
+    (found,) = injected["regressions"]
+    assert (found["config"], found["figure"], found["history_runs"]) == (E2E_CONFIG, "throughput_samples_per_s", 3)
+    assert found["p_value"] < 0.25 and found["effect"] < -0.75 and found["effect_ci"][0] < found["effect"]
+    assert injected["spec_hash"] == reports[0]["spec_hash"] and injected["inject_delay_ms"] == 250
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ddlbench-adhoc").experiment_id
+    parents = {
+        r.data.tags["ddlbench.run_key"]: r
+        for r in client.search_runs([exp], "tags.`ddlbench.node` = 'pipeline'", max_results=20)
+    }
+    assert {k: parents[k].data.tags["ddlbench.regression"] for k in [*keys, "injected"]} == {
+        "aa-0": "no-baseline",
+        "aa-1": "short-history",
+        "aa-2": "passed",
+        "injected": "regressed",
+    }
+    assert parents["aa-1"].data.tags["ddlbench.regression_detail"] == "history too short (1 of 2 runs)"
+    assert parents["injected"].data.tags["ddlbench.inject_delay_ms"] == "250"
+    assert {p.info.status for p in parents.values()} == {"FINISHED"}
+    (train,) = client.search_runs([exp], "tags.`ddlbench.run_key` = 'injected' AND tags.`ddlbench.node` LIKE 'train/%'")
+    assert train.data.params["inject_delay_ms"] == "250.0"
+    report_run = client.search_runs([exp], "tags.`ddlbench.run_key` = 'injected' AND tags.`ddlbench.node` = 'report'")
+    metric = f"{E2E_CONFIG}.throughput_samples_per_s.regression_p_value"
+    assert report_run[0].data.metrics[metric] == pytest.approx(found["p_value"])
+
+    # the next run's history leaves the injected run out: it measured the sleep, not the hardware
+    ctx = steps.start(str(spec), run_key="probe", home=str(home))
+    try:
+        assert [h["run_key"] for h in find_history(tracker_for(ctx), ctx, 10)] == ["aa-2", "aa-1", "aa-0"]
+    finally:
+        steps.finish(ctx)
