@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--spec", type=Path, default=SMOKE)
     ap.add_argument("--trials", type=int, default=2000, help="replayed histories per config and case")
     ap.add_argument("--repeats", type=int, nargs="+", default=[1, 3], help="repeats per run (smoke 1, nightly 3)")
+    ap.add_argument("--alpha", type=float, default=RegressionSpec().alpha)
+    ap.add_argument("--min-effect", type=float, default=RegressionSpec().min_effect)
     args = ap.parse_args()
     if args.source:
         rec = json.loads(args.source.read_text())

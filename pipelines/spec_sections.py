@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from modelling.configs import MicrobenchSettings, ProfileSettings
 from modelling.units import parse_rate
@@ -170,13 +170,21 @@ class RegressionSpec(Section):
         0.05,
         gt=0,
         lt=1,
-        validation_alias=AliasChoices("min_effect", "throughput_drop"),
-        description="Smallest throughput slowdown (fraction) that is a regression, however significant "
-        "(`throughput_drop`, the old name, is read as this).",
+        description="Smallest throughput slowdown (fraction) that is a regression, however significant.",
     )
     prediction_error_rise: float = Field(
         0.10, gt=0, description="Smallest rise of the median absolute prediction error (absolute) that is a regression."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "throughput_drop" in data:
+            raise ValueError(
+                "throughput_drop: renamed min_effect (the smallest slowdown that is a regression, now judged "
+                "against the history of the spec with a statistical test)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> RegressionSpec:
