@@ -107,7 +107,7 @@ def main() -> None:
     else:
         rec = record(args.rounds, args.spec, args.save)
         print(f"recording saved to {args.save}")
-    spec = RegressionSpec()
+    spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect)
     print(
         f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} runs per config, "
         "shared 2-core machine under other test suites: a loaded spread):"

@@ -164,7 +164,7 @@ class RegressionSpec(Section):
         3, ge=2, le=100, description="Fewer earlier runs than this: no statement, the check says the history is short."
     )
     alpha: float = Field(
-        0.05, gt=0, lt=0.5, description="Significance of the one-sided test (its A/A false-alarm rate at most this)."
+        0.01, gt=0, lt=0.5, description="Significance of the one-sided test (A/A false alarms: bench_regression.py)."
     )
     min_effect: float = Field(
         0.05,
