@@ -2,7 +2,8 @@
 another cron in DDLBENCH_NIGHTLY_SCHEDULE).
 
 Runs the nightly spec (Params: another spec path, and overrides of any spec
-field, e.g. `{"repeats": 1, "regression.throughput_drop": 0.2}`) through the
+field, e.g. `{"repeats": 1, "regression.min_effect": 0.2}`; `{"train.inject_delay_ms": 20}`
+injects a known slowdown to test the regression alarm) through the
 pipeline steps: provision, microbench, profile, fit, predict, the training grid
 (one mapped task per config and repeat, named by its key), validate, report,
 then teardown and finish, which always run. The report publishes the
@@ -51,7 +52,7 @@ def start(params: dict | None = None) -> dict:
                            description="Path of the benchmark spec (YAML)."),
         "overrides": Param({}, type="object", title="Spec overrides",
                            description='Spec fields to override, dotted keys reach into sections, '
-                                       'e.g. {"repeats": 1, "regression.throughput_drop": 0.2}.'),
+                                       'e.g. {"repeats": 1, "regression.min_effect": 0.2}.'),
         "home": Param(None, type=["null", "string"], title="ddlbench home",
                       description="Run directories and the default MLflow store; "
                                   "default: $DDLBENCH_HOME or <repo>/.ddlbench."),

@@ -149,8 +149,8 @@ def _print_run_summary(
     if result:
         console.print(
             f"regression check: {result['status']}"
-            + (f" vs {result['baseline_run_key']}" if result.get("baseline_run_key") else "")
-            + (f", {len(result['regressions'])} regression(s)" if result["regressions"] else "")
+            + (f", {result['detail']}" if result.get("detail") else "")
+            + (f" (latest {result['baseline_run_key']})" if result.get("baseline_run_key") else "")
         )
         console.print(f"report: {result['report_md']}")
     console.print(f"MLflow parent run: {done['parent_run_id'] or '(not yet uploaded)'}")

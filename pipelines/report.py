@@ -13,7 +13,14 @@ from typing import Any
 
 from pipelines.report_console import fmt
 from pipelines.report_plots import figures, plot_predicted_scaling, plot_predicted_vs_measured
-from pipelines.report_regression import STATISTIC, find_baseline, regressions
+from pipelines.report_regression import (
+    STATISTIC,
+    describe,
+    find_history,
+    injected_delay_ms,
+    regression_check,
+)
+from pipelines.report_regression import markdown as regression_markdown
 from pipelines.report_tables import PHASES, best_per_config, collect_runs, columns, comparison, config_label
 
 __all__ = [
@@ -25,10 +32,12 @@ __all__ = [
     "comparison",
     "config_label",
     "figures",
-    "find_baseline",
+    "describe",
+    "find_history",
+    "injected_delay_ms",
     "plot_predicted_scaling",
     "plot_predicted_vs_measured",
-    "regressions",
+    "regression_check",
     "write_report",
 ]
 
@@ -40,8 +49,7 @@ def write_report(
     runs: list[dict[str, Any]],
     table: list[dict[str, Any]],
     validation: dict[str, Any] | None,
-    baseline: dict[str, Any] | None,
-    found: list[dict[str, Any]],
+    check: dict[str, Any],
 ) -> Path:
     """report.md (readable) and report.json (what the next run compares against)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -53,8 +61,10 @@ def write_report(
         "comparison": table,
         "best": best,
         "validation": {k: (validation or {}).get(k) for k in ("median_abs_error", "worst_abs_error")},
-        "baseline_run_key": baseline["run_key"] if baseline else None,
-        "regressions": found,
+        "baseline_run_key": (check["history_run_keys"] or [None])[0],
+        "regressions": check["regressions"],
+        "regression": check,
+        "inject_delay_ms": check["inject_delay_ms"],
         "statistic": STATISTIC,
         "thresholds": spec.regression.model_dump(),
     }
@@ -115,28 +125,7 @@ def write_report(
         ]
     else:
         md.append("No validation (profile, microbench or training skipped or failed).")
-    md += [
-        "",
-        "## Regression check",
-        "",
-        f"Statistic: {STATISTIC}. Thresholds: throughput drop > {spec.regression.throughput_drop:.0%}, "
-        f"prediction error rise > {spec.regression.prediction_error_rise:.3g}.",
-        "",
-    ]
-    if baseline is None:
-        md.append(
-            "No baseline: no earlier FINISHED run of this spec hash on this hardware was found "
-            "(or MLflow was unreachable)."
-        )
-    elif not found:
-        md.append(f"Baseline `{baseline['run_key']}`: no regression.")
-    else:
-        md.append(f"Baseline `{baseline['run_key']}`: **{len(found)} regression(s)**")
-        md += [
-            f"- {g['config']} {g['figure']}: {fmt(g['baseline'])} -> {fmt(g['now'])} "
-            f"(change {g['change']:+.3g}, threshold {g['threshold']:.3g})"
-            for g in found
-        ]
+    md += ["", *regression_markdown(check, spec.regression)]
     md += [
         "",
         "Plots: throughput_scaling.png, accuracy_vs_time.png, iteration_breakdown.png, "

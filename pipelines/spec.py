@@ -141,8 +141,16 @@ class BenchSpec(Section):
         return f"ddlbench-{self.suite.value}"
 
     def spec_hash(self) -> str:
-        """Identity of what is measured: equal hashes mean comparable runs."""
-        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Identity of what is measured: equal hashes mean comparable runs.
+
+        Left out: the regression section (how runs are judged, not what is measured) and the
+        training option `inject_delay_ms` (a slowdown injected to test the alarm must be judged
+        against the history of the spec it slows down)."""
+        doc = self.model_dump(mode="json", exclude={"regression"})
+        doc["train"].pop("inject_delay_ms", None)
+        for algo in doc["algorithms"]:
+            algo["options"].pop("inject_delay_ms", None)
+        canon = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 

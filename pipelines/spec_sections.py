@@ -155,12 +155,42 @@ class WhatIfSpec(Section):
 
 
 class RegressionSpec(Section):
-    throughput_drop: float = Field(
-        0.10, gt=0, lt=1, description="Flag when the median throughput over repeats falls by more than this fraction."
+    """The regression alarm (pipelines/report_regression.py): this run against its history."""
+
+    history: int = Field(
+        10, ge=2, le=100, description="Earlier FINISHED runs of the same spec and hardware compared against."
+    )
+    min_history: int = Field(
+        3, ge=2, le=100, description="Fewer earlier runs than this: no statement, the check says the history is short."
+    )
+    alpha: float = Field(
+        0.01, gt=0, lt=0.5, description="Significance of the one-sided test (A/A false alarms: bench_regression.py)."
+    )
+    min_effect: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Smallest throughput slowdown (fraction) that is a regression, however significant.",
     )
     prediction_error_rise: float = Field(
-        0.10, gt=0, description="Flag when the median absolute prediction error rises by more than this (absolute)."
+        0.10, gt=0, description="Smallest rise of the median absolute prediction error (absolute) that is a regression."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "throughput_drop" in data:
+            raise ValueError(
+                "throughput_drop: renamed min_effect (the smallest slowdown that is a regression, now judged "
+                "against the history of the spec with a statistical test)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> RegressionSpec:
+        if self.min_history > self.history:
+            raise ValueError(f"min_history: {self.min_history} is above history ({self.history})")
+        return self
 
 
 class TrackingSpec(Section):

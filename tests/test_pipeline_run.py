@@ -1,5 +1,5 @@
 """`ddlbench run` of the smoke spec end to end against a real SQLite MLflow store, read back
-through MlflowClient; the same run key twice; the regression check against a baseline."""
+through MlflowClient; the same run key twice; the regression check against the history."""
 
 from __future__ import annotations
 
@@ -165,8 +165,9 @@ def test_same_run_key_again_resumes_without_new_runs(pipeline: dict[str, Any]) -
 def test_regression_check_finds_the_baseline_and_flags_a_drop(
     pipeline: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A second run of the same spec compares against the first (the baseline); slowed copies
-    of the same training runs (every repeat 40% slower) are flagged."""
+    """A second run of the same spec finds the first as its history, too short for a statement;
+    slowed copies of the same training runs (every repeat 40% slower) are flagged against the two
+    (min_history 2 here; the regression section leaves the spec hash as it is)."""
     from pipelines import steps
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -176,7 +177,8 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
     ctx = steps.start(str(SMOKE), run_key="smoke-e2e-same", home=home)
     same = steps.report(ctx, trained, first)
     steps.finish(ctx)
-    assert same["status"] == "passed" and same["baseline_run_key"] == KEY and same["regressions"] == []
+    assert same["status"] == "short-history" and same["baseline_run_key"] == KEY and same["regressions"] == []
+    assert same["detail"] == "history too short (1 of 3 runs)"
     slow = []
     for e in trained:
         copy = tmp_path / e["key"]
@@ -185,12 +187,13 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
         s["throughput_samples_per_s"] *= 0.6
         (copy / "summary.json").write_text(json.dumps(s))
         slow.append({**e, "run_dir": str(copy)})
-    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-slow", home=home)
+    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-slow", home=home, overrides={"regression.min_history": 2})
     slowed = steps.report(ctx, slow, first)
     steps.finish(ctx)
-    assert slowed["status"] == "regressed" and slowed["baseline_run_key"] in (KEY, "smoke-e2e-same")
+    assert slowed["status"] == "regressed" and slowed["history_runs"] == 2
     assert {r["config"] for r in slowed["regressions"]} == {c.removesuffix("-r0") for c in CONFIGS}
-    assert all(r["change"] == pytest.approx(-0.4) for r in slowed["regressions"])
+    # two identical history runs: no spread, so the drop is certain
+    assert all(r["change"] == pytest.approx(-0.4) and r["p_value"] == 0.0 for r in slowed["regressions"])
     parent = _runs(pipeline, "smoke-e2e-slow")["pipeline"]
     assert parent.data.tags["ddlbench.regression"] == "regressed"
 

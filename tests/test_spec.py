@@ -42,8 +42,8 @@ def test_spec_hash_is_stable_and_follows_content() -> None:
 
 
 def test_overrides_merge_dotted_keys_and_sections() -> None:
-    spec = load_spec(SMOKE, {"regression.throughput_drop": 0.3, "train": {"lr": 0.2}, "workers": [2, 3]})
-    assert spec.regression.throughput_drop == 0.3
+    spec = load_spec(SMOKE, {"regression.min_effect": 0.3, "train": {"lr": 0.2}, "workers": [2, 3]})
+    assert spec.regression.min_effect == 0.3
     assert spec.regression.prediction_error_rise == _smoke()["regression"]["prediction_error_rise"]
     assert spec.train["lr"] == 0.2 and spec.train["eval_every"] == _smoke()["train"]["eval_every"]
     assert spec.workers == [2, 3]
@@ -96,7 +96,8 @@ MALFORMED = [
     ("target_accuracy", 1.5, ["target_accuracy", "1.5"]),
     ("network", {"link_bandwidth": "fast"}, ["network.link_bandwidth", "fast"]),
     ("what_if", {"workers": [0, 4]}, ["what_if.workers", "[0, 4]"]),
-    ("regression", {"throughput_drop": 2}, ["regression.throughput_drop", "2"]),
+    ("regression", {"min_effect": 2}, ["regression.min_effect", "2"]),
+    ("regression", {"throughput_drop": 0.1}, ["regression", "throughput_drop: renamed min_effect"]),
     ("microbench", {"sizes": [0, 4096]}, ["microbench.sizes", "[0, 4096]"]),
     ("workloads", [{"model": "lenet5"}], ["workloads.0.dataset", "required"]),
     ("workloads", [{"model": "lenet5", "dataset": "digits", "colour": True}], ["workloads.0.colour"]),

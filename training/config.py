@@ -86,6 +86,9 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every K steps (0: never); a rerun resumes.")
     keep_checkpoints: int = Field(2, ge=1, description="Complete checkpoints kept on disk.")
     max_restarts: int = Field(0, ge=0, le=100, description="torchrun restarts of a failed job (resumes).")
+    inject_delay_ms: float = Field(
+        0.0, ge=0, le=60000, description="Sleep this long in every iteration (tests the regression alarm)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

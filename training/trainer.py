@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,8 @@ class Trainer:
                 with tl.phase("data"):
                     x, y = self.train_set.batch(self.sampler.indices(t, self.rank))
                     x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                    if cfg.inject_delay_ms:  # a known slowdown, to test the regression alarm
+                        time.sleep(cfg.inject_delay_ms / 1e3)
                 with tl.phase("forward"):
                     loss = F.cross_entropy(logits_of(model(x)), y)
                     self.loss_value = loss.item()

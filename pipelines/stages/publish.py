@@ -12,7 +12,7 @@ from pipelines.tracking import PARENT, Tracker
 
 
 def report(ctx: RunContext, trained: list[dict], validation: dict) -> dict:
-    """Comparison of the algorithms, plots, regression check against the last good baseline."""
+    """Comparison of the algorithms, plots, regression check against the history of this spec."""
     spec = ctx.spec()
 
     def body(t: Tracker, node: str) -> dict:
@@ -23,9 +23,9 @@ def report(ctx: RunContext, trained: list[dict], validation: dict) -> dict:
         val_path = validation.get("validation") if validation else None
         val = json.loads(Path(val_path).read_text()) if val_path else None
         table = rep.comparison(runs)
-        baseline = rep.find_baseline(t, ctx.as_dict())
-        regressions = rep.regressions(table, val, baseline, spec.regression)
-        md = rep.write_report(out, ctx.as_dict(), spec, runs, table, val, baseline, regressions)
+        history = rep.find_history(t, ctx.as_dict(), spec.regression.history)
+        check = rep.regression_check(table, val, history, spec.regression, rep.injected_delay_ms(runs))
+        md = rep.write_report(out, ctx.as_dict(), spec, runs, table, val, check)
         for name, fig in rep.figures(runs, table, val).items():
             t.log_figure(node, fig, name)
         t.log_table(node, rep.columns(table), "comparison.json")
@@ -33,20 +33,29 @@ def report(ctx: RunContext, trained: list[dict], validation: dict) -> dict:
         t.log_artifact(node, out / "report.json")
         t.log_artifact(PARENT, md, "report")
         t.log_artifact(PARENT, out / "report.json", "report")
-        status = "regressed" if regressions else ("passed" if baseline else "no-baseline")
+        status = check["status"]
+        baseline_key = (check["history_run_keys"] or [None])[0]
         regression_tags = {
             "ddlbench.regression": status,
-            "ddlbench.baseline_run_key": baseline["run_key"] if baseline else "",
+            "ddlbench.regression_detail": rep.describe(check),
+            "ddlbench.baseline_run_key": baseline_key or "",
+            "ddlbench.inject_delay_ms": f"{check['inject_delay_ms']:g}",
         }
         t.set_tags(PARENT, regression_tags)
         t.set_tags(node, regression_tags)
         for row in table:
             t.log_metrics(PARENT, {f"{row['config']}.throughput_samples_per_s": row["throughput_median"]})
+        for c in check["checks"]:
+            if c["p_value"] is not None:
+                figure = f"{c['config']}.{c['figure']}"
+                t.log_metrics(node, {f"{figure}.regression_p_value": c["p_value"], f"{figure}.change": c["change"]})
         return {
             "report_md": str(md),
-            "regressions": regressions,
+            "regressions": check["regressions"],
             "status": status,
-            "baseline_run_key": baseline["run_key"] if baseline else None,
+            "detail": rep.describe(check),
+            "history_runs": check["history_runs"],
+            "baseline_run_key": baseline_key,
             "best": rep.best_per_config(table),
         }
 
