@@ -66,12 +66,30 @@ class TrainConfig(BaseModel):
     lr: float = Field(0.05, gt=0, description="Learning rate of the global optimizer.")
     momentum: float = Field(0.9, ge=0, lt=1, description="Momentum of the global optimizer.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay of the global optimizer.")
-    lr_async: float | None = Field(None, gt=0, description="ASGD server learning rate; default lr / workers.")
-    lr_local: float | None = Field(None, gt=0, description="OD-SGD local learning rate; default lr.")
-    momentum_local: float | None = Field(None, ge=0, lt=1, description="OD-SGD local momentum; default momentum.")
-    warmup_steps: int = Field(0, ge=0, description="OD-SGD: first iterations run as SSGD-PS.")
-    compensation: Compensation = Field(Compensation.none, description="OD-SGD local-update compensation: none or dc.")
-    dc_lambda: float = Field(0.04, ge=0, description="Delay-compensation strength lambda.")
+    lr_async: float | None = Field(
+        None, gt=0,
+        description="ASGD: learning rate of the shard's optimizer, applied to each push on arrival; "
+        "default lr / workers, so a round of N pushes moves about as far as one SSGD step.")
+    momentum_async: float | None = Field(
+        None, ge=0, lt=1,
+        description="ASGD: momentum of the shard's optimizer (its buffer lives on the shard, as in "
+        "MXNet dist_async); default momentum. 0 gives the plain rule W <- W - lr_async * g.")
+    lr_local: float | None = Field(
+        None, gt=0,
+        description="OD-SGD: learning rate of the local update; default lr, so the local step "
+        "approximates the global one (DESIGN 2).")
+    momentum_local: float | None = Field(
+        None, ge=0, lt=1,
+        description="OD-SGD: momentum of the local update; default momentum (the authors' public "
+        "MXNet configs use 0).")
+    warmup_steps: int = Field(
+        0, ge=0,
+        description="OD-SGD: the first iterations run as SSGD-PS (the authors' public configs warm up "
+        "with SSGD; 0 here).")
+    compensation: Compensation = Field(
+        Compensation.none,
+        description="OD-SGD local-update compensation: none, or dc (DC-ASGD's g + lambda*g*g*(W_g - W_k)).")
+    dc_lambda: float = Field(0.04, ge=0, description="Delay-compensation strength lambda (DC-ASGD's 0.04).")
     bucket_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB (ssgd allreduce, overlap on).")
     overlap: bool = Field(True, description="ssgd allreduce: overlap bucketed allreduce with backward (DDP).")
     seed: int = Field(0, description="Seed of model init, data order and synthetic data.")
@@ -110,6 +128,10 @@ class TrainConfig(BaseModel):
     @property
     def effective_lr_async(self) -> float:
         return self.lr_async if self.lr_async is not None else self.lr / self.workers
+
+    @property
+    def effective_momentum_async(self) -> float:
+        return self.momentum_async if self.momentum_async is not None else self.momentum
 
     @property
     def effective_lr_local(self) -> float:
