@@ -50,12 +50,16 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_assignment=True)
 
     model: str = Field("lenet5", description="mlp, lenet5, resnet20 or a torchvision classifier (resnet50, ...).")
-    dataset: str = Field("digits", description="Dataset: synthetic, digits, mnist, cifar10 or imagefolder.")
+    dataset: str = Field(
+        "digits",
+        description="Dataset: synthetic (random, for throughput), synthetic-learnable (CIFAR-shaped Gaussian "
+        "classes, Bayes accuracy 0.933, no download), digits, mnist, cifar10 or imagefolder.",
+    )
     data_root: Path | None = Field(None, description="Local root of mnist, cifar10 or imagefolder data.")
     download: bool = Field(False, description="Allow torchvision to download mnist/cifar10 into data_root.")
     input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W fed to the model (default: natural).")
     num_classes: int | None = Field(None, ge=2, description="Number of classes; default: the dataset's.")
-    synthetic_samples: int = Field(4096, ge=16, description="Training samples of the synthetic dataset.")
+    synthetic_samples: int = Field(4096, ge=16, description="Training samples of the synthetic datasets.")
     algorithm: Algorithm = Field(Algorithm.ssgd, description="Update algorithm: ssgd, asgd or odsgd.")
     comm: Comm | None = Field(None, description="allreduce (ssgd only) or ps; default: allreduce for ssgd, else ps.")
     workers: int = Field(2, ge=1, le=4096, description="Number of worker processes N.")

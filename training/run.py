@@ -186,7 +186,9 @@ def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[s
         "final_test_loss": lead["final_test_loss"],
         "final_accuracy": lead["final_accuracy"],
         "target_accuracy": cfg.target_accuracy,
+        "target_reached": lead["target_reached"],
         "time_to_accuracy_s": lead["time_to_accuracy_s"],
+        "steps_to_accuracy": lead["steps_to_accuracy"],
         "parameters": lead["parameters"],
         "parameter_bytes": lead["parameter_bytes"],
         "staleness": staleness_figures([s["traffic"]["staleness"] for s in servers])
