@@ -29,10 +29,10 @@ STEPS = 150
     [
         {"algorithm": "ssgd", "comm": "allreduce"},
         {"algorithm": "ssgd", "comm": "ps", "servers": 1},
-        # The shard's optimizer with the global momentum at lr / N (DESIGN 2): the default
-        # options learn like SSGD (0.95 at step 125 of 300 when tried), though the arrival
-        # order (and so the trajectory) varies from run to run.
-        {"algorithm": "asgd", "servers": 1},
+        # The shard's optimizer with the global momentum at lr / N (DESIGN 2), default options;
+        # stale gradients make it slower than SSGD (0.9 at steps 175-300 over 3 seeds, 0.83 at
+        # step 150 once), and the arrival order (the trajectory) varies from run to run.
+        {"algorithm": "asgd", "servers": 1, "steps": 300},
         {"algorithm": "odsgd", "servers": 1, "warmup_steps": 5},
     ],
     ids=["ssgd-allreduce", "ssgd-ps", "asgd", "odsgd"],
@@ -45,7 +45,7 @@ def test_each_algorithm_learns_digits(tmp_path, options):
     assert summary["status"] == "completed"
     assert summary["final_accuracy"] >= TARGET_ACCURACY, summary["final_accuracy"]
     assert 0 < summary["time_to_accuracy_s"] <= summary["train_time_s"]
-    assert summary["target_reached"] is True and summary["steps_to_accuracy"] in (50, 100, steps)
+    assert summary["target_reached"] is True and summary["steps_to_accuracy"] in range(50, steps + 1, 50)
 
     # Timing figures are consistent with the timeline they come from.
     records = read_jsonl(tmp_path / "timeline.jsonl")
