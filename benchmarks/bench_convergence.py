@@ -53,7 +53,8 @@ def spread(values: list[float | None]) -> str:
     nums = [v for v in values if v is not None]
     if not nums:
         return "-"
-    text = f"{statistics.median(nums):.3f} [{min(nums):.3f}, {max(nums):.3f}]"
+    fmt = "{:.0f}" if all(float(v).is_integer() for v in nums) else "{:.3f}"  # steps, or figures
+    text = f"{fmt.format(statistics.median(nums))} [{fmt.format(min(nums))}, {fmt.format(max(nums))}]"
     return text + (f" ({len(values) - len(nums)} not reached)" if len(nums) < len(values) else "")
 
 
