@@ -63,7 +63,7 @@ def main() -> None:
                        "server_update_s": update.item() / ROUNDS, "bytes": nbytes}, f)
     else:
         cfg = ServerConfig(shard=0, workers=1, steps=ROUNDS + WARMUP, mode="sync", lr=0.0, momentum=0.0,
-                           weight_decay=0.0, lr_async=0.0, timeout_s=60.0)
+                           weight_decay=0.0, timeout_s=60.0)
         tl = Timeline(rank, "server", time.monotonic())
         server = ShardServer(cfg, layout, group, tl)
         server.receive_initial()

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "smoke.yaml"
 KEY = "resume-offline"
 # Only the training step matters here: one config, no microbench or profile.
-OVERRIDES = {"algorithms": [{"name": "ssgd"}], "microbench.enabled": False, "profile.enabled": False}
+OVERRIDES = {"algorithms": [{"name": "ssgd"}], "steps": 60, "microbench.enabled": False, "profile.enabled": False}
 
 # The first attempt of the training step dies (no cleanup, as under SIGKILL) after it opened
 # its MLflow run and logged its params, before the job ran.

@@ -12,12 +12,15 @@ from typing import Any
 
 import pytest
 
+from pipelines.spec import load_spec
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "smoke.yaml"
 KEY = "smoke-e2e"
 CONFIGS = ["lenet5-ssgd-allreduce-w2-b32-r0", "lenet5-odsgd-ps-w2-b32-r0", "lenet5-asgd-ps-w2-b32-r0"]
+SMOKE_STEPS = load_spec(SMOKE).steps
 STEPS = ["provision", "microbench", "profile", "fit", "predict", "validate", "report"]
 
 
@@ -98,19 +101,26 @@ def test_training_runs_hold_params_curves_summaries_and_artifacts(pipeline: dict
             cfg["comm"],
             str(cfg["workers"]),
         )
-        assert params["lr"] == str(cfg["lr"]) and params["steps"] == "60"
+        assert params["lr"] == str(cfg["lr"]) and params["steps"] == str(SMOKE_STEPS)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         loss = {r["step"]: r["loss"] for r in rows if "loss" in r}
         history = client.get_metric_history(run.info.run_id, "train/loss")
-        assert len(loss) == 60 and {m.step: m.value for m in history} == pytest.approx(loss)
+        assert len(loss) == SMOKE_STEPS and {m.step: m.value for m in history} == pytest.approx(loss)
         acc = client.get_metric_history(run.info.run_id, "eval/accuracy")
         assert [m.step for m in acc] == [r["step"] for r in rows if "accuracy" in r]
-        assert len(client.get_metric_history(run.info.run_id, "train/throughput_samples_per_s")) == 60
+        assert len(client.get_metric_history(run.info.run_id, "train/throughput_samples_per_s")) == SMOKE_STEPS
         m = run.data.metrics
         assert m["throughput_samples_per_s"] == pytest.approx(summary["throughput_samples_per_s"])
         assert m["iter_time_p50_s"] == pytest.approx(summary["iter_time_s"]["p50"])
         assert m["comm_exposed_s"] == pytest.approx(summary["breakdown_s"]["comm_exposed"])
         assert m["final_accuracy"] == pytest.approx(summary["final_accuracy"])
+        # The demo runs long enough that every algorithm reaches the smoke target.
+        evals = {r["step"]: r for r in rows if "accuracy" in r}
+        assert summary["target_reached"] is True, (config, summary["final_accuracy"])
+        first = min(s for s, r in evals.items() if r["accuracy"] >= summary["target_accuracy"])
+        assert summary["steps_to_accuracy"] == first
+        assert summary["time_to_accuracy_s"] == pytest.approx(evals[first]["time_s"])
+        assert 0 < summary["time_to_accuracy_s"] <= summary["train_time_s"]
         assert any(k.startswith("system/") for k in m), "system metrics sampled while training"
         arts = {a.path for a in client.list_artifacts(run.info.run_id, "training")}
         assert {"training/summary.json", "training/trace.json", "training/timeline.jsonl"} <= arts
@@ -159,7 +169,7 @@ def test_same_run_key_again_resumes_without_new_runs(pipeline: dict[str, Any]) -
     assert {n: r.info.run_id for n, r in after.items()} == before
     assert {r.info.status for r in after.values()} == {"FINISHED"}
     history = pipeline["client"].get_metric_history(after[f"train/{CONFIGS[0]}"].info.run_id, "train/loss")
-    assert len(history) == 60
+    assert len(history) == SMOKE_STEPS
 
 
 def test_regression_check_finds_the_baseline_and_flags_a_drop(

@@ -29,11 +29,10 @@ STEPS = 150
     [
         {"algorithm": "ssgd", "comm": "allreduce"},
         {"algorithm": "ssgd", "comm": "ps", "servers": 1},
-        # Plain SGD on the server (no momentum), so more steps; arrival order (and so the
-        # trajectory) varies from run to run. Stale gradients at lr_async 0.3 left lenet5
-        # dead at chance in 2 of 3 runs, and 0.2 once in CI. At 0.1 it leaves the initial
-        # plateau after 100 steps or (once in CI: 0.50 at step 300) much later.
-        {"algorithm": "asgd", "servers": 1, "lr_async": 0.1, "steps": 600},
+        # The shard's optimizer with the global momentum at lr / N (DESIGN 2), default options;
+        # stale gradients make it slower than SSGD (0.9 at steps 175-300 over 3 seeds, 0.83 at
+        # step 150 once), and the arrival order (the trajectory) varies from run to run.
+        {"algorithm": "asgd", "servers": 1, "steps": 300},
         {"algorithm": "odsgd", "servers": 1, "warmup_steps": 5},
     ],
     ids=["ssgd-allreduce", "ssgd-ps", "asgd", "odsgd"],
@@ -46,6 +45,7 @@ def test_each_algorithm_learns_digits(tmp_path, options):
     assert summary["status"] == "completed"
     assert summary["final_accuracy"] >= TARGET_ACCURACY, summary["final_accuracy"]
     assert 0 < summary["time_to_accuracy_s"] <= summary["train_time_s"]
+    assert summary["target_reached"] is True and summary["steps_to_accuracy"] in range(50, steps + 1, 50)
 
     # Timing figures are consistent with the timeline they come from.
     records = read_jsonl(tmp_path / "timeline.jsonl")

@@ -11,9 +11,13 @@ Server modes (DESIGN §2):
 - sync (SSGD-PS, OD-SGD): wait for the N pushes of step t, average them in
   rank order, apply GlobalOpt (SGD with momentum and weight decay), send
   W_g(t+1) to every worker.
-- async (ASGD): apply each push on arrival, W <- W - lr_async * g, reply with
-  the current W to the pusher; record staleness (server updates between the
-  version a gradient was computed on and the version it is applied to).
+- async (ASGD, MXNet `dist_async`): apply each push on arrival with the
+  shard's optimizer (SGD at lr_async with momentum_async and the global weight
+  decay, its momentum buffer kept here), reply with the current W to the
+  pusher; record staleness (server updates between the version a gradient was
+  computed on and the version it is applied to) and the arrival order: each
+  push's server record in the timeline names its `src` worker and `staleness`,
+  so the shard's update sequence can be replayed.
 """
 
 from __future__ import annotations
@@ -145,10 +149,10 @@ class ServerConfig:
     workers: int
     steps: int
     mode: str  # "sync" or "async"
+    # The shard's optimizer: GlobalOpt for sync; for async lr_async and momentum_async.
     lr: float
     momentum: float
     weight_decay: float
-    lr_async: float
     timeout_s: float
 
 
@@ -228,13 +232,15 @@ class ShardServer:
             with tl.phase("comm_exposed"):
                 src = dist.recv(buf, group=group)  # any source: applied on arrival
             with tl.phase("update"):
-                self.stats.staleness[self.version - self.seen[src]] += 1
-                w.add_(buf, alpha=-cfg.lr_async)
+                staleness = self.version - self.seen[src]
+                self.stats.staleness[staleness] += 1
+                self.param.grad = buf
+                self.opt.step()
                 self.version += 1
             with tl.phase("send"):
                 dist.send(w, src, group=group)
                 self.seen[src] = self.version
-            tl.end()
+            tl.end().update(src=src, staleness=staleness)  # the arrival order, for a replay
             self.stats.bytes_received += self.nbytes
             self.stats.bytes_sent += self.nbytes
             if (push + 1) % cfg.workers == 0:

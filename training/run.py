@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.rendezvous import rendezvous
 
 from training.checkpoint import CheckpointStore
-from training.config import Comm, TrainConfig
+from training.config import Algorithm, Comm, TrainConfig
 from training.ps import ServerConfig, ShardLayout, ShardServer
 from training.summary import environment, staleness_figures, timing_figures
 from training.timeline import Timeline, to_chrome_trace, write_jsonl
@@ -91,11 +91,13 @@ def run(out: Path) -> int:
             trainer = Trainer(cfg, rank, tl, device, workers_group, ctrl, out)
         steps, numel = _job_shape(cfg, rank, trainer, ctrl)
         if not is_worker:
+            is_async = cfg.algorithm == Algorithm.asgd
             sc = ServerConfig(
                 shard=rank - cfg.workers, workers=cfg.workers, steps=steps,
-                mode="async" if cfg.algorithm.value == "asgd" else "sync",
-                lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                lr_async=cfg.effective_lr_async, timeout_s=cfg.timeout_s,
+                mode="async" if is_async else "sync",
+                lr=cfg.effective_lr_async if is_async else cfg.lr,
+                momentum=cfg.effective_momentum_async if is_async else cfg.momentum,
+                weight_decay=cfg.weight_decay, timeout_s=cfg.timeout_s,
             )
             server = ShardServer(sc, ShardLayout.even(numel, cfg.servers), ctrl, tl)
         done = _agree(store.latest() if rank == 0 else 0, ctrl)
@@ -184,7 +186,9 @@ def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[s
         "final_test_loss": lead["final_test_loss"],
         "final_accuracy": lead["final_accuracy"],
         "target_accuracy": cfg.target_accuracy,
+        "target_reached": lead["target_reached"],
         "time_to_accuracy_s": lead["time_to_accuracy_s"],
+        "steps_to_accuracy": lead["steps_to_accuracy"],
         "parameters": lead["parameters"],
         "parameter_bytes": lead["parameter_bytes"],
         "staleness": staleness_figures([s["traffic"]["staleness"] for s in servers])

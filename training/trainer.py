@@ -69,7 +69,9 @@ class Trainer:
         self.strategy = make_strategy(cfg, self.net, timeline, rank, workers_group, ps_group)
         self.overlapped = isinstance(self.strategy, AllreduceSSGD) and cfg.overlap and cfg.workers > 1
         self.eval_time = 0.0
+        # The first evaluation at or above the target: training seconds and steps to it.
         self.reached_at: float | None = None
+        self.reached_step: int | None = None
         self.loss_value = float("nan")
 
     def _sync(self) -> None:
@@ -85,6 +87,7 @@ class Trainer:
             "clock": self.timeline.now(),
             "eval_time": self.eval_time,
             "reached_at": self.reached_at,
+            "reached_step": self.reached_step,
             "loss": loss,
             "traffic": [self.strategy.stats.bytes_sent, self.strategy.stats.bytes_received],
         }
@@ -96,6 +99,7 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self.timeline.records = list(state["records"])
         self.eval_time, self.reached_at = state["eval_time"], state["reached_at"]
+        self.reached_step = state.get("reached_step")
         self.loss_value = state["loss"]
         self.strategy.stats.bytes_sent, self.strategy.stats.bytes_received = state["traffic"]
         return state["clock"]
@@ -149,7 +153,7 @@ class Trainer:
                     if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < steps:
                         e0 = tl.now()
                         row["accuracy"], row["test_loss"] = evaluate(self.net, self.test_set, self.device)
-                        self._note_accuracy(row["accuracy"], row["time_s"])
+                        self._note_accuracy(row["accuracy"], row["time_s"], t + 1)
                         self.eval_time += tl.now() - e0
                         last_end = tl.now()
                     metrics.write(json.dumps(row) + "\n")
@@ -160,14 +164,14 @@ class Trainer:
             result: dict[str, Any] = {"train_time_s": train_time}
             if lead:
                 acc, test_loss = evaluate(self.net, self.test_set, self.device)
-                self._note_accuracy(acc, train_time)
+                self._note_accuracy(acc, train_time, steps)
                 metrics.write(json.dumps({"step": steps, "accuracy": acc, "test_loss": test_loss,
                                           "time_s": train_time}) + "\n")
                 result |= {
                     "final_loss": self.loss_value,
                     "final_test_loss": test_loss,
                     "final_accuracy": acc,
-                    "time_to_accuracy_s": self.reached_at,
+                    **self.accuracy_figures(),
                     "parameters": sum(p.numel() for p in self.net.parameters()),
                     "parameter_bytes": sum(p.numel() * p.element_size() for p in self.net.parameters()),
                 }
@@ -179,10 +183,18 @@ class Trainer:
             if metrics:
                 metrics.close()
 
-    def _note_accuracy(self, accuracy: float, time_s: float) -> None:
+    def _note_accuracy(self, accuracy: float, time_s: float, step: int) -> None:
         target = self.cfg.target_accuracy
         if target and self.reached_at is None and accuracy >= target:
-            self.reached_at = time_s
+            self.reached_at, self.reached_step = time_s, step
+
+    def accuracy_figures(self) -> dict[str, Any]:
+        """Time-to-accuracy: training seconds (warm-up included, evaluation excluded) and
+        steps to the first evaluation at or above the target. A run that never reached it
+        says so: target_reached false, both figures None (no target: all None)."""
+        reached = None if not self.cfg.target_accuracy else self.reached_at is not None
+        return {"target_reached": reached, "time_to_accuracy_s": self.reached_at,
+                "steps_to_accuracy": self.reached_step}
 
 
 class Diverged(RuntimeError):
