@@ -144,8 +144,12 @@ def _print_run_summary(
         console.print(
             f"prediction error: median {validation['median_abs_error']:.1%}, worst {validation['worst_abs_error']:.1%}"
         )
-    for name, best in (result.get("best") or {}).items():
-        console.print(f"best for {name}: {best['fastest']} ({fmt(best['throughput_samples_per_s'])} samples/s)")
+    report_json = Path(result["report_md"]).with_name("report.json") if result.get("report_md") else None
+    if report_json is not None and report_json.exists():
+        from pipelines.report_console import comparison_table
+
+        doc = json.loads(report_json.read_text())
+        console.print(comparison_table(doc["comparison"], doc["best"], title="Algorithms compared"))
     if result:
         console.print(
             f"regression check: {result['status']}"

@@ -52,6 +52,7 @@ __all__ = [
     "WhatIfSpec",
     "Workload",
     "config_key",
+    "config_of",
     "flatten",
     "grid",
     "load_spec",
@@ -153,6 +154,12 @@ def config_key(
     name = workload.model if workload.dataset in ("digits", "synthetic") else workload.label
     v = f"-v{variant}" if variant else ""
     return f"{name}-{algo.label}{v}-w{workers}-b{batch_size}-r{repeat}"
+
+
+def config_of(key: str) -> str:
+    """The config of a grid key, without its repeat index: `lenet5-odsgd-ps-v4-w2-b32-r1` ->
+    `lenet5-odsgd-ps-v4-w2-b32` (the `ddlbench.config` tag MLflow groups repeats by)."""
+    return re.sub(r"-r\d+$", "", key)
 
 
 def grid(spec: BenchSpec) -> list[dict[str, Any]]:
