@@ -115,17 +115,30 @@ def _plot_scaling(table: list[dict[str, Any]]) -> Any:
 
 
 def _plot_accuracy(runs: list[dict[str, Any]]) -> Any:
-    """Test accuracy against wall-clock, one line per config: median over repeats, band min-max."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for config, rs in _curves(runs).items():
-        t, med, lo, hi = _median_curve([r["accuracy_curve"] for r in rs])
-        (line,) = ax.plot(t, med, marker="o", ms=3, label=f"{config} (n={len(rs)})")
-        if len(rs) > 1:
-            ax.fill_between(t, lo, hi, color=line.get_color(), alpha=0.2)
-    for target in {r["summary"].get("target_accuracy") for r in runs} - {None}:
-        ax.axhline(target, ls="--", color="gray", label=f"target {target:g}")
-    ax.set(xlabel="wall-clock (s)", ylabel="test accuracy", title="Accuracy against wall-clock (median, min-max)")
-    ax.legend(fontsize=6)
+    """Test accuracy against wall-clock, one panel per world size and one line per algorithm
+    (model, batch): the median over repeats, the band their min-max."""
+    curves = _curves(runs)
+    sizes = sorted({rs[0]["workers"] for rs in curves.values()})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes) + 1, 4.5), squeeze=False, sharey=True)
+    algos = sorted({re.sub(r"-w\d+-", "-", c) for c in curves})
+    colors = {a: f"C{i % 10}" for i, a in enumerate(algos)}  # an algorithm keeps its colour across panels
+    targets = {r["summary"].get("target_accuracy") for r in runs} - {None}
+    for ax, n in zip(axes[0], sizes, strict=True):
+        for config, rs in curves.items():
+            if rs[0]["workers"] != n:
+                continue
+            label = re.sub(r"-w\d+-b\d+$", "", config) + f" b{rs[0]['batch_size']} (n={len(rs)})"
+            t, med, lo, hi = _median_curve([r["accuracy_curve"] for r in rs])
+            color = colors[re.sub(r"-w\d+-", "-", config)]
+            ax.plot(t, med, marker="o", ms=3, label=label, color=color)
+            if len(rs) > 1:
+                ax.fill_between(t, lo, hi, color=color, alpha=0.2)
+        for target in targets:
+            ax.axhline(target, ls="--", color="gray", label=f"target {target:g}")
+        ax.set(xlabel="wall-clock (s)", title=f"{n} worker{'s' if n > 1 else ''}")
+        ax.legend(fontsize=6)
+    axes[0][0].set(ylabel="test accuracy (median, min-max band)")
+    fig.suptitle("Accuracy against wall-clock")
     return fig
 
 
