@@ -74,7 +74,7 @@ def write_report(
         "|---|---|---|---|---|---|---|",
     ]
     for r in table:
-        fastest, first = marks(r, best)
+        fastest, first = (m.replace("*", "\\*") for m in marks(r, best))
         md.append(
             f"| {r['config']} | {r['repeats']} | "
             f"{fmt_spread(r['throughput_median'], r['throughput_min'], r['throughput_max'])}{fastest} | "
@@ -82,7 +82,10 @@ def write_report(
             f"{fmt_spread(r['final_accuracy_median'], r.get('final_accuracy_min'), r.get('final_accuracy_max'), 3)} | "
             f"{fmt_time_to_target(r)}{first} |"
         )
-    md += ["", f"{FASTEST} fastest, {FIRST} first to the target, among the algorithms of one model, workers and batch."]
+    md += [
+        "",
+        f"`{FASTEST}` fastest, `{FIRST}` first to the target, among the algorithms of one model, workers and batch.",
+    ]
     md += [
         "",
         "## Best algorithm per config",

@@ -3,6 +3,7 @@ drop flagged only when the repeats agree."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,33 @@ def test_a_rise_of_the_prediction_error_is_a_regression() -> None:
     assert regressions(now, {"median_abs_error": 0.12}, base, thresholds) == []
     found = regressions(now, {"median_abs_error": 0.2}, base, thresholds)
     assert [f["figure"] for f in found] == ["prediction_median_abs_error"]
+
+
+def test_report_of_a_multi_repeat_run_shows_spreads(tmp_path: Path) -> None:
+    from pipelines.report import write_report
+    from pipelines.spec import load_spec
+
+    runs = [
+        _run("ssgd-allreduce", 1, 60, 0, tta=3.0, acc=0.7),
+        _run("ssgd-allreduce", 1, 64, 1, tta=2.0, acc=0.8),
+        _run("odsgd-ps", 2, 100, 0, tta=None, acc=0.45),
+        _run("odsgd-ps", 2, 90, 1, tta=None, acc=0.40),
+        _run("odsgd-ps", 2, 96, 2, tta=None, acc=0.48),
+    ]
+    table = comparison(runs)
+    ctx = {"run_key": "k", "spec_hash": "h", "hardware": "cpu-local", "suite": "adhoc"}
+    md = write_report(tmp_path, ctx, load_spec(REPO / "specs" / "smoke.yaml"), runs, table, None, None, [])
+    text = md.read_text()
+    assert "| m-odsgd-ps-w2-b32 | 3 | 96 [90, 100]\\* | 0.774 | " in text  # 96 / (2 x 62)
+    assert "| 0.45 [0.4, 0.48] | not reached in 60 steps |" in text
+    assert "| m-ssgd-allreduce-w1-b32 | 2 | 62 [60, 64]\\* | 1-worker baseline |" in text
+    assert "2.5 s [2, 3], 25 steps+ |" in text
+    assert "Plots: iteration_breakdown.png (" in text  # one point per line, one evaluation per run
+    doc = json.loads((tmp_path / "report.json").read_text())
+    od = next(r for r in doc["comparison"] if r["config"] == "m-odsgd-ps-w2-b32")
+    assert (od["final_accuracy_min"], od["final_accuracy_max"], od["scaling_baseline"]) == (
+        0.4,
+        0.48,
+        "m-ssgd-allreduce-w1-b32",
+    )
+    assert od["time_to_accuracy_median_s"] is None and od["target_reached_repeats"] == 0
