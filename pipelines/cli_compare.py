@@ -86,6 +86,7 @@ def _compare(
 ) -> None:
     from mlflow import MlflowClient
     from rich.console import Console
+    from rich.text import Text
 
     from pipelines.context import default_home, default_tracking_uri
     from pipelines.report_console import comparison_table
@@ -105,7 +106,10 @@ def _compare(
             f"{run['run_key']}  {run['date']:%Y-%m-%d %H:%M}  {run['hardware']}  {run['status']}  "
             f"regression: {run['regression']}"
         )
-        console.print(comparison_table(run["table"], run["best"], title=title))
+        if run["table"]:
+            console.print(comparison_table(run["table"], run["best"], title=title))
+        else:
+            console.print(Text(f"{title}\n  no finished training runs in MLflow\n"))
 
 
 compare = click.Command(

@@ -77,10 +77,10 @@ def write_report(
         fastest, first = (m.replace("*", "\\*") for m in marks(r, best))
         md.append(
             f"| {r['config']} | {r['repeats']} | "
-            f"{fmt_spread(r['throughput_median'], r['throughput_min'], r['throughput_max'])}{fastest} | "
+            f"{fmt_spread(r['throughput_median'], r['throughput_min'], r['throughput_max'], mark=fastest)} | "
             f"{fmt_scaling(r)} | {fmt((r['iter_time_p50_median_s'] or 0) * 1e3)} | "
             f"{fmt_spread(r['final_accuracy_median'], r.get('final_accuracy_min'), r.get('final_accuracy_max'), 3)} | "
-            f"{fmt_time_to_target(r)}{first} |"
+            f"{fmt_time_to_target(r, mark=first)} |"
         )
     md += [
         "",

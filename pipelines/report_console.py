@@ -8,6 +8,7 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pipelines.report_tables import NO_BASELINE
 
@@ -28,16 +29,22 @@ def fmt(v: Any, digits: int = 4) -> str:
 
 
 def fmt_spread(
-    median: float | None, lo: float | None, hi: float | None, digits: int = 4, unit: str = "", sep: str = " "
+    median: float | None,
+    lo: float | None,
+    hi: float | None,
+    digits: int = 4,
+    unit: str = "",
+    sep: str = " ",
+    mark: str = "",
 ) -> str:
     """`median unit [min, max]` ("-" when nothing was measured; no brackets for one value);
-    `sep` goes before the brackets (a newline in the terminal table)."""
+    `mark` follows the median, `sep` goes before the brackets (a newline in the terminal table)."""
     if median is None and lo is None:
         return "-"
-    u = f" {unit}" if unit else ""
+    head = f"{fmt(median, digits)}{f' {unit}' if unit else ''}{mark}"
     if lo == hi == median:
-        return f"{fmt(median, digits)}{u}"
-    return f"{fmt(median, digits)}{u}{sep}[{fmt(lo, digits)}, {fmt(hi, digits)}]"
+        return head
+    return f"{head}{sep}[{fmt(lo, digits)}, {fmt(hi, digits)}]"
 
 
 def fmt_scaling(row: dict[str, Any]) -> str:
@@ -49,7 +56,7 @@ def fmt_scaling(row: dict[str, Any]) -> str:
     return fmt(row["scaling_efficiency"], 3)
 
 
-def fmt_time_to_target(row: dict[str, Any], sep: str = " ", with_steps: bool = True) -> str:
+def fmt_time_to_target(row: dict[str, Any], sep: str = " ", with_steps: bool = True, mark: str = "") -> str:
     """`12.3 s [10.1, 14.2]` (and the steps it took), `not reached in K steps`, or "-" without a target."""
     med = row.get("time_to_accuracy_median_s")
     if row.get("target_accuracy") is None and med is None:
@@ -60,9 +67,9 @@ def fmt_time_to_target(row: dict[str, Any], sep: str = " ", with_steps: bool = T
         return f"not reached{steps}" + (f"{sep}({reached} of {row['repeats']} repeats did)" if reached else "")
     lo, hi = row.get("time_to_accuracy_min_s"), row.get("time_to_accuracy_max_s")
     if hi is None:
-        text = f"{fmt(med, 3)} s{sep}[{fmt(lo, 3)}, not reached]"
+        text = f"{fmt(med, 3)} s{mark}{sep}[{fmt(lo, 3)}, not reached]"
     else:
-        text = fmt_spread(med, lo, hi, 3, "s", sep)
+        text = fmt_spread(med, lo, hi, 3, "s", sep, mark)
     if with_steps and row.get("steps_to_accuracy_median") is not None:
         text += f", {fmt(row['steps_to_accuracy_median'])} steps"
     return text
@@ -80,7 +87,14 @@ def marks(row: dict[str, Any], best: dict[str, dict[str, Any]]) -> tuple[str, st
 def comparison_table(table: list[dict[str, Any]], best: dict[str, dict[str, Any]], title: str | None = None) -> Table:
     """The algorithms side by side, for a terminal of 100 columns: whole config names, units,
     the fastest and the first to the target marked."""
-    t = Table(title=title, caption=LEGEND, caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    # Text, not markup: "[min, max]" would read as a rich style tag
+    t = Table(
+        title=Text(title) if title else None,
+        caption=Text(LEGEND),
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     width = max([len(r["config"]) for r in table] + [6])
     t.add_column("config", no_wrap=True, min_width=width)
     t.add_column("n", justify="right")
@@ -90,16 +104,17 @@ def comparison_table(table: list[dict[str, Any]], best: dict[str, dict[str, Any]
     t.add_column("time to target", justify="right")
     for row in table:
         fastest, first = marks(row, best)
-        t.add_row(
+        cells = (
             row["config"],
             str(row["repeats"]),
-            fmt_spread(row["throughput_median"], row["throughput_min"], row["throughput_max"], 4, sep=fastest + "\n"),
+            fmt_spread(row["throughput_median"], row["throughput_min"], row["throughput_max"], 4, "", "\n", fastest),
             fmt_scaling(row),
             fmt_spread(
                 row["final_accuracy_median"], row.get("final_accuracy_min"), row.get("final_accuracy_max"), 3, sep="\n"
             ),
-            fmt_time_to_target(row, sep=first + "\n", with_steps=False),
+            fmt_time_to_target(row, sep="\n", with_steps=False, mark=first),
         )
+        t.add_row(*(Text(c) for c in cells))
     return t
 
 

@@ -268,10 +268,10 @@ def test_report_of_a_multi_repeat_run_shows_spreads(tmp_path: Path) -> None:
     ctx = {"run_key": "k", "spec_hash": "h", "hardware": "cpu-local", "suite": "adhoc"}
     md = write_report(tmp_path, ctx, load_spec(REPO / "specs" / "smoke.yaml"), runs, table, None, None, [])
     text = md.read_text()
-    assert "| m-odsgd-ps-w2-b32 | 3 | 96 [90, 100]\\* | 0.774 | " in text  # 96 / (2 x 62)
+    assert "| m-odsgd-ps-w2-b32 | 3 | 96\\* [90, 100] | 0.774 | " in text  # 96 / (2 x 62)
     assert "| 0.45 [0.4, 0.48] | not reached in 60 steps |" in text
-    assert "| m-ssgd-allreduce-w1-b32 | 2 | 62 [60, 64]\\* | 1-worker baseline |" in text
-    assert "2.5 s [2, 3], 25 steps+ |" in text
+    assert "| m-ssgd-allreduce-w1-b32 | 2 | 62\\* [60, 64] | 1-worker baseline |" in text
+    assert "2.5 s+ [2, 3], 25 steps |" in text
     assert "Plots: iteration_breakdown.png (" in text  # one point per line, one evaluation per run
     doc = json.loads((tmp_path / "report.json").read_text())
     od = next(r for r in doc["comparison"] if r["config"] == "m-odsgd-ps-w2-b32")
