@@ -21,7 +21,7 @@ def _day(value: str | None) -> int | None:
 def _as_run(child: Any) -> dict[str, Any]:
     """A training child run of MLflow in the shape report.comparison takes."""
     from pipelines.metrics import summary_from_metrics
-    from pipelines.report_tables import config_label
+    from pipelines.report_tables import config_label, config_of
 
     t = child.data.tags
     algo = f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
@@ -33,7 +33,9 @@ def _as_run(child: Any) -> dict[str, Any]:
         "dataset": t.get("ddlbench.dataset"),
         "workers": workers,
         "batch_size": batch,
-        "config": config_label(t.get("ddlbench.model"), algo, workers, batch),
+        "config": t.get("ddlbench.config")
+        or (config_of(t["ddlbench.config_key"]) if t.get("ddlbench.config_key") else None)
+        or config_label(t.get("ddlbench.model"), algo, workers, batch),
         "summary": summary_from_metrics(child.data.metrics),
     }
 
@@ -84,10 +86,10 @@ def _compare(
 ) -> None:
     from mlflow import MlflowClient
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
     from pipelines.context import default_home, default_tracking_uri
-    from pipelines.report_console import fmt
+    from pipelines.report_console import comparison_table
 
     uri = tracking_uri or default_tracking_uri((home or default_home()).resolve())
     client = MlflowClient(tracking_uri=uri)
@@ -99,40 +101,15 @@ def _compare(
     if not found:
         console.print("no runs found")
         return
-    t = Table(title=f"ddlbench-{suite}" + (f" on {hardware}" if hardware else "") + "  (* fastest per config)")
-    for col in (
-        "run",
-        "date",
-        "hardware",
-        "status",
-        "regression",
-        "config",
-        "repeats",
-        "throughput_samples_per_s",
-        "scaling_eff",
-        "final_accuracy",
-        "time_to_accuracy_s",
-        "best",
-    ):
-        t.add_column(col)
     for run in found:
-        for row in run["table"]:
-            group = f"{row['model']}-w{row['workers']}-b{row['batch_size']}"
-            t.add_row(
-                run["run_key"],
-                f"{run['date']:%Y-%m-%d %H:%M}",
-                run["hardware"],
-                run["status"],
-                run["regression"],
-                row["config"],
-                str(row["repeats"]),
-                fmt(row["throughput_median"]),
-                fmt(row["scaling_efficiency"], 3),
-                fmt(row["final_accuracy_median"], 3),
-                fmt(row["time_to_accuracy_median_s"]),
-                "*" if run["best"][group]["fastest"] == row["algorithm"] else "",
-            )
-    console.print(t)
+        title = (
+            f"{run['run_key']}  {run['date']:%Y-%m-%d %H:%M}  {run['hardware']}  {run['status']}  "
+            f"regression: {run['regression']}"
+        )
+        if run["table"]:
+            console.print(comparison_table(run["table"], run["best"], title=title))
+        else:
+            console.print(Text(f"{title}\n  no finished training runs in MLflow\n"))
 
 
 compare = click.Command(

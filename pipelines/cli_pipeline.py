@@ -128,8 +128,10 @@ def _print_run_summary(
     from pipelines.report_console import fmt
 
     t = Table(title=f"{ctx.run_key}: {done['status']}")
-    for col in ("config", "status", "throughput_samples_per_s", "iter_time_p50_s", "final_accuracy"):
-        t.add_column(col, justify="left" if col in ("config", "status") else "right")
+    t.add_column("run", no_wrap=True, min_width=max([len(e["key"]) for e in trained] + [3]))
+    t.add_column("status")
+    for col in ("throughput samples/s", "iter p50 s", "final accuracy"):
+        t.add_column(col, justify="right")
     for e in trained:
         s = json.loads(Path(e["run_dir"], "summary.json").read_text()) if e.get("run_dir") else {}
         t.add_row(
@@ -144,8 +146,12 @@ def _print_run_summary(
         console.print(
             f"prediction error: median {validation['median_abs_error']:.1%}, worst {validation['worst_abs_error']:.1%}"
         )
-    for name, best in (result.get("best") or {}).items():
-        console.print(f"best for {name}: {best['fastest']} ({fmt(best['throughput_samples_per_s'])} samples/s)")
+    report_json = Path(result["report_md"]).with_name("report.json") if result.get("report_md") else None
+    if report_json is not None and report_json.exists():
+        from pipelines.report_console import comparison_table
+
+        doc = json.loads(report_json.read_text())
+        console.print(comparison_table(doc["comparison"], doc["best"], title="Algorithms compared"))
     if result:
         console.print(
             f"regression check: {result['status']}"

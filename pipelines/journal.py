@@ -10,6 +10,7 @@
     {"op": "artifact", "node": ..., "path": "relative/to/run_dir", "artifact_path": "dir" | null}
     {"op": "table",   "node": ..., "data": {"column": [...]}, "artifact_file": "x.json"}
     {"op": "figure",  "node": ..., "path": "relative/to/run_dir.png", "artifact_file": "x.png"}
+    {"op": "input",   "node": ..., "dataset": {"name", "digest", "source_type", "source", ...}, "context": "training"}
     {"op": "end_run", "node": ..., "status": "FINISHED" | "FAILED", "ts": ...}
 
 `<run_dir>/journal.state.json` records how far the journal reached MLflow (a

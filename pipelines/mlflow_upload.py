@@ -158,6 +158,11 @@ class Uploader:
         elif op == "figure":  # the PNG the run dir holds, where the figure's artifact_file says
             parent = str(Path(e["artifact_file"]).parent)
             c.log_artifact(rid, str(self.run_dir / e["path"]), None if parent == "." else parent)
+        elif op == "input":  # MLflow keeps one input per dataset and context: a replay adds none
+            from mlflow.entities import Dataset, DatasetInput, InputTag
+
+            dataset = DatasetInput(Dataset(**e["dataset"]), tags=[InputTag("mlflow.data.context", e["context"])])
+            c.log_inputs(rid, datasets=[dataset])
         else:
             raise ValueError(f"journal: unknown op {op!r}")
 

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipelines.report_console import fmt
-from pipelines.report_plots import figures, plot_predicted_scaling, plot_predicted_vs_measured
+from pipelines.report_console import FASTEST, FIRST, fmt, fmt_scaling, fmt_spread, fmt_time_to_target, marks
+from pipelines.report_plots import figures, plot_names, plot_predicted_scaling, plot_predicted_vs_measured
 from pipelines.report_regression import (
     STATISTIC,
     describe,
@@ -77,17 +77,25 @@ def write_report(
         "",
         "## Algorithms compared",
         "",
-        "| config | repeats | throughput samples/s (median [min, max]) | scaling eff. | iter p50 ms "
-        "| final accuracy | time to target s |",
+        "Figures are medians [min, max] over the repeats (seeds); scaling efficiency is against a measured "
+        "1-worker run of the same model and batch.",
+        "",
+        "| config | repeats | throughput samples/s | scaling eff. | iter p50 ms | final accuracy | time to target |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in table:
+        fastest, first = (m.replace("*", "\\*") for m in marks(r, best))
         md.append(
-            f"| {r['config']} | {r['repeats']} | {fmt(r['throughput_median'])} [{fmt(r['throughput_min'])}, "
-            f"{fmt(r['throughput_max'])}] | {fmt(r['scaling_efficiency'], 3)} | "
-            f"{fmt((r['iter_time_p50_median_s'] or 0) * 1e3)} | {fmt(r['final_accuracy_median'], 3)} | "
-            f"{fmt(r['time_to_accuracy_median_s'])} |"
+            f"| {r['config']} | {r['repeats']} | "
+            f"{fmt_spread(r['throughput_median'], r['throughput_min'], r['throughput_max'], mark=fastest)} | "
+            f"{fmt_scaling(r)} | {fmt((r['iter_time_p50_median_s'] or 0) * 1e3)} | "
+            f"{fmt_spread(r['final_accuracy_median'], r.get('final_accuracy_min'), r.get('final_accuracy_max'), 3)} | "
+            f"{fmt_time_to_target(r, mark=first)} |"
         )
+    md += [
+        "",
+        f"`{FASTEST}` fastest, `{FIRST}` first to the target, among the algorithms of one model, workers and batch.",
+    ]
     md += [
         "",
         "## Best algorithm per config",
@@ -128,8 +136,7 @@ def write_report(
     md += ["", *regression_markdown(check, spec.regression)]
     md += [
         "",
-        "Plots: throughput_scaling.png, accuracy_vs_time.png, iteration_breakdown.png, "
-        "predicted_vs_measured.png (MLflow artifacts of the report run).",
+        f"Plots: {', '.join(plot_names(runs, table, validation))} (MLflow artifacts of the report run).",
         "",
     ]
     path = out / "report.md"

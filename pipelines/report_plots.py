@@ -3,6 +3,8 @@ predicted against measured, predicted scaling."""
 
 from __future__ import annotations
 
+import re
+import statistics
 from typing import Any
 
 import matplotlib
@@ -14,21 +16,85 @@ from pipelines.report_tables import PHASES  # noqa: E402
 
 
 def _by_algorithm(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Lines of the scaling plot: one per model, algorithm (variant) and batch, over workers;
+    a line of one point is left out."""
     out: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        out.setdefault(f"{r['model']} {r['algorithm']} b{r['batch_size']}", []).append(r)
+        label = re.sub(r"-w\d+-b\d+$", "", r["config"]) + f" b{r['batch_size']}"
+        out.setdefault(label, []).append(r)
+    return {k: sorted(v, key=lambda r: r["workers"]) for k, v in out.items() if len(v) > 1}
+
+
+def _curves(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Lines of the accuracy plot: the repeats of each config with at least two evaluations."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if len(r["accuracy_curve"]) > 1:
+            out.setdefault(r["config"], []).append(r)
     return out
+
+
+def _median_curve(curves: list[list[tuple[float, float]]]) -> tuple[list[float], ...]:
+    """Repeats aligned by evaluation (they evaluate at the same steps): median time, and median,
+    min and max of the value at each evaluation all repeats reached."""
+    n = min(len(c) for c in curves)
+    cols = [[c[i] for c in curves] for i in range(n)]
+    return (
+        [statistics.median(t for t, _ in col) for col in cols],
+        [statistics.median(v for _, v in col) for col in cols],
+        [min(v for _, v in col) for col in cols],
+        [max(v for _, v in col) for col in cols],
+    )
+
+
+def plot_names(runs: list[dict[str, Any]], table: list[dict[str, Any]], validation: dict[str, Any] | None) -> list[str]:
+    """The plots `figures` draws: a plot that would show single points is not drawn."""
+    names = []
+    if _by_algorithm(table):
+        names.append("throughput_scaling.png")
+    if _curves(runs):
+        names.append("accuracy_vs_time.png")
+    if table:
+        names.append("iteration_breakdown.png")
+    if validation and validation.get("runs"):
+        names.append("predicted_vs_measured.png")
+    return names
 
 
 def figures(
     runs: list[dict[str, Any]], table: list[dict[str, Any]], validation: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """artifact file name -> matplotlib figure."""
+    """artifact file name -> matplotlib figure, for the plots of `plot_names`."""
+    names = plot_names(runs, table, validation)
     figs: dict[str, Any] = {}
+    if "throughput_scaling.png" in names:
+        figs["throughput_scaling.png"] = _plot_scaling(table)
+    if "accuracy_vs_time.png" in names:
+        figs["accuracy_vs_time.png"] = _plot_accuracy(runs)
+    if "iteration_breakdown.png" in names:
+        figs["iteration_breakdown.png"] = _plot_breakdown(table)
+    if "predicted_vs_measured.png" in names:
+        figs["predicted_vs_measured.png"] = plot_predicted_vs_measured(validation["runs"])
+    return figs
 
+
+def _plot_scaling(table: list[dict[str, Any]]) -> Any:
+    """Throughput against workers (median, min-max bars) with the ideal line N * T(1) of each
+    1-worker baseline, and the scaling efficiency against it."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    top = max(r["workers"] for r in table)
+    baselines = {r["scaling_baseline"] for r in table} - {None}
+    for base in (r for r in table if r["config"] in baselines):
+        xs = [1, top]
+        ax1.plot(
+            xs,
+            [base["throughput_median"] * x for x in xs],
+            ls="--",
+            color="gray",
+            lw=1,
+            label=f"ideal: N x {base['config']}",
+        )
     for label, rows in _by_algorithm(table).items():
-        rows = sorted(rows, key=lambda r: r["workers"])
         xs = [r["workers"] for r in rows]
         med = [r["throughput_median"] for r in rows]
         err = [
@@ -36,27 +102,47 @@ def figures(
             [r["throughput_max"] - m for m, r in zip(med, rows, strict=True)],
         ]
         ax1.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=label)
-        ax2.plot(xs, [r["scaling_efficiency"] for r in rows], marker="o", label=label)
+        eff = [(r["workers"], r["scaling_efficiency"]) for r in rows if r["scaling_efficiency"] is not None]
+        if len(eff) > 1:
+            ax2.plot(*zip(*eff, strict=True), marker="o", label=label)
     ax1.set(xlabel="workers", ylabel="throughput (samples/s)", title="Throughput (median, min-max)")
-    ax2.set(xlabel="workers", ylabel="scaling efficiency", title="Scaling efficiency", ylim=(0, 1.2))
+    ax2.axhline(1.0, ls="--", color="gray", lw=1)
+    ax2.set(xlabel="workers", ylabel="scaling efficiency (vs 1 worker)", title="Scaling efficiency", ylim=(0, 1.2))
+    if not baselines:
+        ax2.text(0.5, 0.5, "no 1-worker baseline", ha="center", transform=ax2.transAxes)
     ax1.legend(fontsize=7)
-    figs["throughput_scaling.png"] = fig
+    return fig
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in runs:
-        if r["loss_curve"]:
-            ax1.plot(*zip(*r["loss_curve"], strict=True), label=r["key"], lw=1)
-        if r["accuracy_curve"]:
-            ax2.plot(*zip(*r["accuracy_curve"], strict=True), marker="o", label=r["key"])
+
+def _plot_accuracy(runs: list[dict[str, Any]]) -> Any:
+    """Test accuracy against wall-clock, one panel per world size and one line per algorithm
+    (model, batch): the median over repeats, the band their min-max."""
+    curves = _curves(runs)
+    sizes = sorted({rs[0]["workers"] for rs in curves.values()})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes) + 1, 4.5), squeeze=False, sharey=True)
+    algos = sorted({re.sub(r"-w\d+-", "-", c) for c in curves})
+    colors = {a: f"C{i % 10}" for i, a in enumerate(algos)}  # an algorithm keeps its colour across panels
     targets = {r["summary"].get("target_accuracy") for r in runs} - {None}
-    for target in targets:
-        ax2.axhline(target, ls="--", color="gray")
-    ax1.set(xlabel="wall-clock (s)", ylabel="training loss", title="Loss against wall-clock time")
-    ax2.set(xlabel="wall-clock (s)", ylabel="test accuracy", title="Accuracy against wall-clock time")
-    if any(r["loss_curve"] for r in runs):
-        ax1.legend(fontsize=6)
-    figs["accuracy_vs_time.png"] = fig
+    for ax, n in zip(axes[0], sizes, strict=True):
+        for config, rs in curves.items():
+            if rs[0]["workers"] != n:
+                continue
+            label = re.sub(r"-w\d+-b\d+$", "", config) + f" b{rs[0]['batch_size']} (n={len(rs)})"
+            t, med, lo, hi = _median_curve([r["accuracy_curve"] for r in rs])
+            color = colors[re.sub(r"-w\d+-", "-", config)]
+            ax.plot(t, med, marker="o", ms=3, label=label, color=color)
+            if len(rs) > 1:
+                ax.fill_between(t, lo, hi, color=color, alpha=0.2)
+        for target in targets:
+            ax.axhline(target, ls="--", color="gray", label=f"target {target:g}")
+        ax.set(xlabel="wall-clock (s)", title=f"{n} worker{'s' if n > 1 else ''}")
+        ax.legend(fontsize=6)
+    axes[0][0].set(ylabel="test accuracy (median, min-max band)")
+    fig.suptitle("Accuracy against wall-clock")
+    return fig
 
+
+def _plot_breakdown(table: list[dict[str, Any]]) -> Any:
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(table) + 2), 4))
     bottom = [0.0] * len(table)
     for phase in PHASES:
@@ -66,11 +152,7 @@ def figures(
     ax.set_xticks(range(len(table)), [r["config"] for r in table], rotation=30, ha="right", fontsize=7)
     ax.set(ylabel="ms per iteration (median)", title="Iteration breakdown")
     ax.legend(fontsize=7)
-    figs["iteration_breakdown.png"] = fig
-
-    if validation and validation.get("runs"):
-        figs["predicted_vs_measured.png"] = plot_predicted_vs_measured(validation["runs"])
-    return figs
+    return fig
 
 
 def plot_predicted_vs_measured(runs: list[dict[str, Any]]) -> Any:

@@ -1,18 +1,29 @@
 """The comparison tables: training runs collected, medians and spread over repeats per config.
 
 Figures per config are medians over repeats, with min and max as the spread.
-Scaling efficiency at N workers is T(N) / (N/N0 * T(N0)) with N0 the smallest
-world size measured for the same model, algorithm and batch size.
+Time to accuracy counts a repeat that never reached the target as infinitely late, so
+the median is "not reached" when most repeats did not reach it.
+
+Scaling efficiency at N workers is T(N) / (N * T(1)), with T(1) the measured
+throughput of a 1-worker run of the same model and batch size (the grid adds one
+when a spec asks for scaling): the same algorithm at 1 worker when measured, else
+SSGD over allreduce, else any 1-worker run. Without one it is None, never a config
+measured against itself.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from pipelines.spec import config_of
+
 PHASES = ("data", "forward", "backward", "comm_exposed", "update")
+BASELINE_ALGORITHM = "ssgd-allreduce"
+NO_BASELINE = "no 1-worker baseline"
 
 
 def config_label(model: str, algorithm: str, workers: int, batch_size: int) -> str:
@@ -38,7 +49,7 @@ def collect_runs(trained: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "dataset": s["dataset"],
                 "workers": s["workers"],
                 "batch_size": s["batch_size"],
-                "config": config_label(s["model"], algo, s["workers"], s["batch_size"]),
+                "config": config_of(e["key"]),
                 "summary": s,
                 "loss_curve": [(r["time_s"], r["loss"]) for r in metrics if r.get("loss") is not None],
                 "accuracy_curve": [(r["time_s"], r["accuracy"]) for r in metrics if r.get("accuracy") is not None],
@@ -52,6 +63,49 @@ def _median(xs: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def _spread(xs: list[float | None]) -> tuple[float | None, float | None, float | None]:
+    """Median, min and max of the known values."""
+    vals = [x for x in xs if x is not None]
+    return (statistics.median(vals), min(vals), max(vals)) if vals else (None, None, None)
+
+
+def _reached(summary: dict[str, Any]) -> bool:
+    if summary.get("target_reached") is not None:
+        return bool(summary["target_reached"])
+    return summary.get("time_to_accuracy_s") is not None
+
+
+def _to_target(rs: list[dict[str, Any]], key: str) -> tuple[float | None, float | None, float | None]:
+    """Median, min and max over repeats of a figure to the target. A repeat that did not reach
+    it counts as infinitely late: the median or max it decides is None ("not reached")."""
+    late = [
+        math.inf if not _reached(r["summary"]) else float(r["summary"][key])
+        for r in rs
+        if not _reached(r["summary"]) or r["summary"].get(key) is not None
+    ]
+    known = [v for v in late if v != math.inf]
+    if not known:
+        return None, None, None
+    med, top = statistics.median(late), max(late)
+    return (None if med == math.inf else med), min(known), (None if top == math.inf else top)
+
+
+def _baseline(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The measured 1-worker row of the same model and batch that `row` scales against."""
+    ones = [
+        o
+        for o in rows
+        if o["workers"] == 1
+        and (o["model"], o["batch_size"]) == (row["model"], row["batch_size"])
+        and o["throughput_median"]
+    ]
+    for pick in (row["algorithm"], BASELINE_ALGORITHM):
+        same = [o for o in ones if o["algorithm"] == pick]
+        if same:
+            return same[0]
+    return ones[0] if ones else None
+
+
 def comparison(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per config (model, algorithm, workers, batch): medians and spread over repeats."""
     by: dict[str, list[dict[str, Any]]] = {}
@@ -61,6 +115,10 @@ def comparison(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for config, rs in sorted(by.items()):
         s0 = rs[0]
         thr = [r["summary"]["throughput_samples_per_s"] for r in rs]
+        acc, acc_min, acc_max = _spread([r["summary"].get("final_accuracy") for r in rs])
+        tta, tta_min, tta_max = _to_target(rs, "time_to_accuracy_s")
+        sta, sta_min, sta_max = _to_target(rs, "steps_to_accuracy")
+        targets = {r["summary"].get("target_accuracy") for r in rs} - {None}
         rows.append(
             {
                 "config": config,
@@ -74,21 +132,30 @@ def comparison(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "throughput_min": min(x for x in thr if x is not None),
                 "throughput_max": max(x for x in thr if x is not None),
                 "iter_time_p50_median_s": _median([r["summary"]["iter_time_s"]["p50"] for r in rs]),
-                "final_accuracy_median": _median([r["summary"].get("final_accuracy") for r in rs]),
-                "time_to_accuracy_median_s": _median([r["summary"].get("time_to_accuracy_s") for r in rs]),
+                "final_accuracy_median": acc,
+                "final_accuracy_min": acc_min,
+                "final_accuracy_max": acc_max,
+                "target_accuracy": max(targets) if targets else None,
+                "target_reached_repeats": sum(_reached(r["summary"]) for r in rs),
+                "time_to_accuracy_median_s": tta,
+                "time_to_accuracy_min_s": tta_min,
+                "time_to_accuracy_max_s": tta_max,
+                "steps_to_accuracy_median": sta,
+                "steps_to_accuracy_min": sta_min,
+                "steps_to_accuracy_max": sta_max,
+                "steps_median": _median([r["summary"].get("steps") for r in rs]),
                 "train_time_median_s": _median([r["summary"].get("train_time_s") for r in rs]),
                 "breakdown_s": {p: _median([r["summary"]["breakdown_s"].get(p) for r in rs]) for p in PHASES},
             }
         )
     for row in rows:
-        same = [
-            o
-            for o in rows
-            if (o["model"], o["algorithm"], o["batch_size"]) == (row["model"], row["algorithm"], row["batch_size"])
-        ]
-        base = min(same, key=lambda o: o["workers"])
-        ideal = base["throughput_median"] * row["workers"] / base["workers"]
-        row["scaling_efficiency"] = row["throughput_median"] / ideal if ideal else None
+        base = _baseline(row, rows)
+        row["scaling_baseline"] = base["config"] if base else None
+        row["scaling_efficiency"] = (
+            row["throughput_median"] / (base["throughput_median"] * row["workers"])
+            if base and row["throughput_median"] is not None
+            else None
+        )
     return rows
 
 
@@ -106,6 +173,8 @@ def best_per_config(table: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "fastest": fastest["algorithm"],
             "throughput_samples_per_s": fastest["throughput_median"],
             "first_to_target": first["algorithm"] if first else None,
+            "fastest_config": fastest["config"],
+            "first_to_target_config": first["config"] if first else None,
         }
     return best
 
@@ -126,5 +195,12 @@ def columns(table: list[dict[str, Any]]) -> dict[str, list[Any]]:
         "iter_time_p50_median_s",
         "final_accuracy_median",
         "time_to_accuracy_median_s",
+        "final_accuracy_min",
+        "final_accuracy_max",
+        "time_to_accuracy_min_s",
+        "time_to_accuracy_max_s",
+        "steps_to_accuracy_median",
+        "target_reached_repeats",
+        "scaling_baseline",
     )
     return {k: [row[k] for row in table] for k in keys}

@@ -52,6 +52,7 @@ __all__ = [
     "WhatIfSpec",
     "Workload",
     "config_key",
+    "config_of",
     "flatten",
     "grid",
     "load_spec",
@@ -85,6 +86,12 @@ class BenchSpec(Section):
         1, ge=1, le=100, description="Runs per config (seed = repeat index); figures are medians over them."
     )
     target_accuracy: float | None = Field(None, gt=0, le=1)
+    scaling: bool | None = Field(
+        None,
+        description="Add a 1-worker SSGD (allreduce) run per workload and batch size, the measured baseline of "
+        "scaling efficiency; default: when workers lists more than one size. Without one the report says "
+        "'no 1-worker baseline'.",
+    )
     train: dict[str, Any] = Field(
         default_factory=dict, description="TrainConfig options of every run (lr, momentum, eval_every, threads, ...)."
     )
@@ -163,13 +170,43 @@ def config_key(
     return f"{name}-{algo.label}{v}-w{workers}-b{batch_size}-r{repeat}"
 
 
+def config_of(key: str) -> str:
+    """The config of a grid key, without its repeat index: `lenet5-odsgd-ps-v4-w2-b32-r1` ->
+    `lenet5-odsgd-ps-v4-w2-b32` (the `ddlbench.config` tag MLflow groups repeats by)."""
+    return re.sub(r"-r\d+$", "", key)
+
+
+def wants_scaling_baseline(spec: BenchSpec) -> bool:
+    """Whether the grid adds the 1-worker baseline runs (1 worker not already in the grid)."""
+    asked = spec.scaling if spec.scaling is not None else len(spec.workers) > 1
+    return asked and 1 not in spec.workers
+
+
+def _baseline_algorithm(spec: BenchSpec) -> tuple[int, AlgorithmSpec]:
+    """The grid's SSGD over allreduce (its options too) when listed, else a plain one."""
+    for ai, algo in enumerate(spec.algorithms):
+        if algo.label == "ssgd-allreduce":
+            return ai, algo
+    return len(spec.algorithms), AlgorithmSpec(name="ssgd", comm="allreduce")
+
+
 def grid(spec: BenchSpec) -> list[dict[str, Any]]:
-    """Every training run: [{"key", "config" (TrainConfig values), "repeat"}], validated."""
+    """Every training run: [{"key", "config" (TrainConfig values), "repeat"}], validated; the
+    1-worker baseline runs (`wants_scaling_baseline`) come last."""
     seen: dict[str, int] = {}
+    jobs = [
+        (wi, wl, ai, algo, workers, batch)
+        for (wi, wl), (ai, algo), workers, batch in product(
+            enumerate(spec.workloads), enumerate(spec.algorithms), spec.workers, spec.batch_sizes
+        )
+    ]
+    if wants_scaling_baseline(spec):
+        ai, algo = _baseline_algorithm(spec)
+        jobs += [
+            (wi, wl, ai, algo, 1, batch) for (wi, wl), batch in product(enumerate(spec.workloads), spec.batch_sizes)
+        ]
     entries = []
-    for (wi, wl), (ai, algo), workers, batch in product(
-        enumerate(spec.workloads), enumerate(spec.algorithms), spec.workers, spec.batch_sizes
-    ):
+    for wi, wl, ai, algo, workers, batch in jobs:
         variant = seen.setdefault(algo.label, ai)
         values: dict[str, Any] = {
             **spec.train,

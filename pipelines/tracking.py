@@ -111,6 +111,10 @@ class Tracker:
     def log_table(self, node: str, data: dict[str, list[Any]], artifact_file: str) -> None:
         self._write({"op": "table", "node": node, "data": data, "artifact_file": artifact_file})
 
+    def log_input(self, node: str, dataset: dict[str, Any], context: str = "training") -> None:
+        """An MLflow dataset input of the run: `dataset` holds name, digest, source_type, source."""
+        self._write({"op": "input", "node": node, "dataset": dataset, "context": context})
+
     def log_figure(self, node: str, fig: Any, artifact_file: str) -> Path:
         """Save the figure in the run dir (source of truth), log it, and close it."""
         path = self.run_dir / "figures" / node.replace("/", "_") / Path(artifact_file).name

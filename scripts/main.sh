@@ -48,7 +48,7 @@ experiment=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv
              "$run_dir/ctx.json" 2>/dev/null || echo ddlbench-adhoc)
 if [ -f "$run_dir/report/report.md" ]; then
   echo "== Comparison (report: $run_dir/report/report.md)"
-  [ -t 1 ] || export COLUMNS=${COLUMNS:-170}  # rich tables are 80 wide when not on a terminal
+  [ -t 1 ] || export COLUMNS=${COLUMNS:-100}  # rich tables are 80 wide when not on a terminal
   .venv/bin/ddlbench compare --suite "${experiment#ddlbench-}" --home "$DDLBENCH_HOME" || cat "$run_dir/report/report.md"
 fi
 cat <<MSG

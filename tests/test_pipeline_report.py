@@ -3,33 +3,56 @@ regression check is in test_pipeline_regression.py)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from pipelines.report import best_per_config, comparison
+import pytest
+from rich.console import Console
 
+from pipelines.report import best_per_config, comparison, figures
+from pipelines.report_console import comparison_table, fmt_scaling, fmt_spread, fmt_time_to_target
+from pipelines.report_plots import plot_names
+
+REPO = Path(__file__).resolve().parent.parent
 PHASES = {"data": 0.001, "forward": 0.002, "backward": 0.004, "comm_exposed": 0.003, "update": 0.001}
 
 
-def _run(algo: str, workers: int, thr: float, repeat: int, tta: float | None = None) -> dict[str, Any]:
+def _run(
+    algo: str,
+    workers: int,
+    thr: float,
+    repeat: int,
+    tta: float | None = None,
+    acc: float = 0.9,
+    model: str = "m",
+    variant: str = "",
+    curve: list[tuple[float, float]] | None = None,
+) -> dict[str, Any]:
+    """A finished run as collect_runs gives it; a target of 0.5 reached when `tta` is given."""
     summary = {
         "throughput_samples_per_s": thr,
         "iter_time_s": {"p50": 64 / thr},
-        "final_accuracy": 0.9,
+        "final_accuracy": acc,
         "time_to_accuracy_s": tta,
+        "steps_to_accuracy": None if tta is None else int(tta * 10),
+        "target_reached": tta is not None,
+        "target_accuracy": 0.5,
+        "steps": 60,
         "train_time_s": 10.0,
         "breakdown_s": PHASES,
     }
     return {
-        "key": f"m-{algo}-w{workers}-b32-r{repeat}",
+        "key": f"{model}-{algo}{variant}-w{workers}-b32-r{repeat}",
         "algorithm": algo,
-        "model": "m",
+        "model": model,
         "dataset": "digits",
         "workers": workers,
         "batch_size": 32,
-        "config": f"m-{algo}-w{workers}-b32",
+        "config": f"{model}-{algo}{variant}-w{workers}-b32",
         "summary": summary,
         "loss_curve": [],
-        "accuracy_curve": [],
+        "accuracy_curve": curve or [],
     }
 
 
@@ -37,14 +60,80 @@ def _table(values: dict[tuple[str, int], list[float]]) -> list[dict[str, Any]]:
     return comparison([_run(a, w, t, i) for (a, w), ts in values.items() for i, t in enumerate(ts)])
 
 
-def test_comparison_takes_medians_and_scaling_efficiency() -> None:
+def test_comparison_takes_medians_and_scales_against_the_measured_one_worker_run() -> None:
     table = {
-        r["config"]: r for r in _table({("ssgd-allreduce", 2): [100, 90, 300], ("ssgd-allreduce", 4): [150, 160, 140]})
+        r["config"]: r
+        for r in _table(
+            {
+                ("ssgd-allreduce", 1): [60, 55, 70],
+                ("ssgd-allreduce", 2): [100, 90, 300],
+                ("ssgd-allreduce", 4): [150, 160, 140],
+                ("asgd-ps", 4): [180, 200, 170],
+            }
+        )
     }
-    two, four = table["m-ssgd-allreduce-w2-b32"], table["m-ssgd-allreduce-w4-b32"]
+    one, two, four = (table[f"m-ssgd-allreduce-w{n}-b32"] for n in (1, 2, 4))
     assert (two["throughput_median"], two["throughput_min"], two["throughput_max"]) == (100, 90, 300)
-    assert two["scaling_efficiency"] == 1.0
-    assert four["scaling_efficiency"] == 150 / 200
+    assert {r["scaling_baseline"] for r in table.values()} == {"m-ssgd-allreduce-w1-b32"}
+    assert one["scaling_efficiency"] == 1.0
+    assert two["scaling_efficiency"] == pytest.approx(100 / (2 * 60))
+    assert four["scaling_efficiency"] == pytest.approx(150 / (4 * 60))
+    # ASGD has no 1-worker run of its own: it scales against the SSGD one
+    assert table["m-asgd-ps-w4-b32"]["scaling_efficiency"] == pytest.approx(180 / (4 * 60))
+
+
+def test_without_a_one_worker_run_there_is_no_scaling_efficiency() -> None:
+    table = _table({("ssgd-allreduce", 2): [100], ("ssgd-allreduce", 4): [150]})
+    assert [(r["scaling_efficiency"], r["scaling_baseline"]) for r in table] == [(None, None), (None, None)]
+    assert [fmt_scaling(r) for r in table] == ["no 1-worker baseline"] * 2
+    # a 1-worker run of another model or batch is not a baseline
+    table = comparison([_run("ssgd-allreduce", 2, 100, 0), _run("ssgd-allreduce", 1, 60, 0, model="other")])
+    assert {r["config"]: r["scaling_efficiency"] for r in table} == {
+        "m-ssgd-allreduce-w2-b32": None,
+        "other-ssgd-allreduce-w1-b32": 1.0,
+    }
+
+
+def test_accuracy_and_time_to_target_are_medians_with_spread_over_repeats() -> None:
+    runs = [
+        _run("odsgd-ps", 2, 100, 0, tta=4.0, acc=0.61),
+        _run("odsgd-ps", 2, 110, 1, tta=6.0, acc=0.55),
+        _run("odsgd-ps", 2, 105, 2, tta=None, acc=0.42),
+        _run("asgd-ps", 2, 120, 0, tta=None, acc=0.31),
+        _run("asgd-ps", 2, 120, 1, tta=None, acc=0.35),
+        _run("asgd-ps", 2, 120, 2, tta=9.0, acc=0.52),
+    ]
+    table = {r["algorithm"]: r for r in comparison(runs)}
+    od, asgd = table["odsgd-ps"], table["asgd-ps"]
+    assert (od["final_accuracy_median"], od["final_accuracy_min"], od["final_accuracy_max"]) == (0.55, 0.42, 0.61)
+    # the repeat that never reached the target counts as infinitely late
+    assert (od["time_to_accuracy_median_s"], od["time_to_accuracy_min_s"], od["time_to_accuracy_max_s"]) == (
+        6.0,
+        4.0,
+        None,
+    )
+    assert (od["steps_to_accuracy_median"], od["target_reached_repeats"], od["steps_median"]) == (60, 2, 60)
+    assert fmt_time_to_target(od) == "6 s [4, not reached], 60 steps"
+    assert asgd["time_to_accuracy_median_s"] is None and asgd["target_reached_repeats"] == 1
+    assert fmt_time_to_target(asgd) == "not reached in 60 steps (1 of 3 repeats did)"
+    never = comparison([_run("asgd-ps", 2, 120, 0)])[0]
+    assert fmt_time_to_target(never) == "not reached in 60 steps"
+    assert fmt_spread(od["final_accuracy_median"], od["final_accuracy_min"], od["final_accuracy_max"], 3) == (
+        "0.55 [0.42, 0.61]"
+    )
+
+
+def test_old_summaries_without_the_new_keys_still_render() -> None:
+    run = _run("ssgd-allreduce", 2, 100, 0, tta=3.0)
+    for key in ("steps_to_accuracy", "target_reached", "steps"):
+        del run["summary"][key]
+    row = comparison([run])[0]
+    assert (row["time_to_accuracy_median_s"], row["target_reached_repeats"], row["steps_to_accuracy_median"]) == (
+        3.0,
+        1,
+        None,
+    )
+    assert fmt_time_to_target(row) == "3 s"
 
 
 def test_best_algorithm_per_config_and_first_to_target() -> None:
@@ -55,5 +144,110 @@ def test_best_algorithm_per_config_and_first_to_target() -> None:
     ]
     best = best_per_config(comparison(runs))
     assert best == {
-        "m-w2-b32": {"fastest": "asgd-ps", "throughput_samples_per_s": 130, "first_to_target": "ssgd-allreduce"}
+        "m-w2-b32": {
+            "fastest": "asgd-ps",
+            "throughput_samples_per_s": 130,
+            "first_to_target": "ssgd-allreduce",
+            "fastest_config": "m-asgd-ps-w2-b32",
+            "first_to_target_config": "m-ssgd-allreduce-w2-b32",
+        }
     }
+
+
+def _nightly_table() -> list[dict[str, Any]]:
+    """Every config of specs/nightly-cpu.yaml (three repeats, plus its 1-worker baselines), with
+    fixed figures: OD-SGD with delay compensation the fastest of each group, SSGD over allreduce
+    the first to the target."""
+    from pipelines.spec import grid, load_spec
+
+    runs = []
+    for i, e in enumerate(grid(load_spec(REPO / "specs" / "nightly-cpu.yaml"))):
+        c = e["config"]
+        algo = f"{c['algorithm']}-{c['comm']}"
+        fast = c.get("compensation") == "dc"
+        tta = 12.5 + e["repeat"] if algo == "ssgd-allreduce" else (None if algo == "asgd-ps" else 20.0 + e["repeat"])
+        run = _run(algo, c["workers"], (2000.0 if fast else 1000.0) + 10 * e["repeat"] + i, e["repeat"], tta=tta)
+        runs.append(run | {"key": e["key"], "config": e["key"].rsplit("-r", 1)[0], "model": c["model"]})
+    return comparison(runs)
+
+
+def test_the_terminal_comparison_fits_100_columns_and_marks_the_best() -> None:
+    table = _nightly_table()
+    best = best_per_config(table)
+    console = Console(width=100, record=True)
+    console.print(comparison_table(table, best, title="nightly-cpu"))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert "…" not in "".join(lines)
+    for row in table:  # every config name whole, at the start of its row
+        assert sum(line.split()[:1] == [row["config"]] for line in lines) == 1, row["config"]
+    configs = {r["config"] for r in table}
+    first_lines = {line.split()[0]: line for line in lines if line.split()[:1] and line.split()[0] in configs}
+    for group, b in best.items():
+        assert "*" in first_lines[b["fastest_config"]], group
+        if b["first_to_target_config"]:
+            assert "+" in first_lines[b["first_to_target_config"]], group
+    marked = [line for line in first_lines.values() if "*" in line]
+    assert len(marked) == len(best)
+    assert all("-v" in line.split()[0] or "-w1-" in line.split()[0] for line in marked)
+    text = "\n".join(lines)
+    assert "samples/s" in text and "not reached" in text and " s" in text
+
+
+def test_plots_with_one_point_are_not_drawn() -> None:
+    curve = [(1.0, 0.2), (2.0, 0.5), (3.0, 0.7)]
+    runs = [_run("ssgd-allreduce", 2, 100, 0)]
+    table = comparison(runs)
+    assert plot_names(runs, table, None) == ["iteration_breakdown.png"]
+    assert set(figures(runs, table, None)) == {"iteration_breakdown.png"}
+    runs = [
+        _run("ssgd-allreduce", w, thr, i, curve=[(t * w + i, a + 0.01 * i) for t, a in curve])
+        for w, thr in ((1, 60), (2, 100))
+        for i in range(3)
+    ]
+    table = comparison(runs)
+    figs = figures(runs, table, None)
+    assert set(figs) == {"throughput_scaling.png", "accuracy_vs_time.png", "iteration_breakdown.png"}
+    one, two = figs["accuracy_vs_time.png"].axes  # a panel per world size, a line per algorithm
+    assert [line.get_label() for line in one.get_lines()] == ["m-ssgd-allreduce b32 (n=3)", "target 0.5"]
+    ax = two
+    w2 = ax.get_lines()[0]
+    # median over the three repeats at each evaluation: time 2t+1, accuracy a+0.01
+    assert list(w2.get_xdata()) == [3.0, 5.0, 7.0]
+    assert list(w2.get_ydata()) == pytest.approx([0.21, 0.51, 0.71])
+    assert len(ax.collections) == 1  # the min-max band
+    ideal = [line for line in figs["throughput_scaling.png"].axes[0].get_lines() if "ideal" in line.get_label()]
+    assert [list(line.get_ydata()) for line in ideal] == [[60, 120]]
+
+
+def test_report_of_a_multi_repeat_run_shows_spreads(tmp_path: Path) -> None:
+    from pipelines.report import write_report
+    from pipelines.report_regression import regression_check
+    from pipelines.spec import load_spec
+
+    runs = [
+        _run("ssgd-allreduce", 1, 60, 0, tta=3.0, acc=0.7),
+        _run("ssgd-allreduce", 1, 64, 1, tta=2.0, acc=0.8),
+        _run("odsgd-ps", 2, 100, 0, tta=None, acc=0.45),
+        _run("odsgd-ps", 2, 90, 1, tta=None, acc=0.40),
+        _run("odsgd-ps", 2, 96, 2, tta=None, acc=0.48),
+    ]
+    table = comparison(runs)
+    ctx = {"run_key": "k", "spec_hash": "h", "hardware": "cpu-local", "suite": "adhoc"}
+    spec = load_spec(REPO / "specs" / "smoke.yaml")
+    check = regression_check(table, None, None, spec.regression)
+    md = write_report(tmp_path, ctx, spec, runs, table, None, check)
+    text = md.read_text()
+    assert "| m-odsgd-ps-w2-b32 | 3 | 96\\* [90, 100] | 0.774 | " in text  # 96 / (2 x 62)
+    assert "| 0.45 [0.4, 0.48] | not reached in 60 steps |" in text
+    assert "| m-ssgd-allreduce-w1-b32 | 2 | 62\\* [60, 64] | 1-worker baseline |" in text
+    assert "2.5 s+ [2, 3], 25 steps |" in text
+    assert "Plots: iteration_breakdown.png (" in text  # one point per line, one evaluation per run
+    doc = json.loads((tmp_path / "report.json").read_text())
+    od = next(r for r in doc["comparison"] if r["config"] == "m-odsgd-ps-w2-b32")
+    assert (od["final_accuracy_min"], od["final_accuracy_max"], od["scaling_baseline"]) == (
+        0.4,
+        0.48,
+        "m-ssgd-allreduce-w1-b32",
+    )
+    assert od["time_to_accuracy_median_s"] is None and od["target_reached_repeats"] == 0

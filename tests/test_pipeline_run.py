@@ -140,8 +140,8 @@ def test_step_runs_hold_model_artifacts_tables_and_plots(
     assert runs["fit"].data.metrics["p2p.w2.beta_s_per_byte"] > 0
     assert {"predictions_table.json", "predicted_throughput.png"} <= paths("predict")
     assert {"predicted_vs_measured.json", "predicted_vs_measured.png"} <= paths("validate")
+    assert "throughput_scaling.png" not in paths("report")  # one world size: a plot of one point is not drawn
     assert {
-        "throughput_scaling.png",
         "accuracy_vs_time.png",
         "iteration_breakdown.png",
         "predicted_vs_measured.png",
@@ -208,21 +208,62 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
     assert parent.data.tags["ddlbench.regression"] == "regressed"
 
 
+def test_training_runs_group_by_config_and_log_their_dataset(
+    pipeline: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `ddlbench.config` tag (the config without its repeat index) groups a config's repeats
+    in MLflow's runs table; every training run logs its data set as an MLflow dataset input."""
+    from pipelines import steps
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    client = pipeline["client"]
+    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-repeat", home=str(pipeline["home"]), overrides={"repeats": 2})
+    entry = next(e for e in steps.train_configs(ctx) if e["key"] == "lenet5-ssgd-allreduce-w2-b32-r1")
+    assert steps.train(ctx, entry)["status"] == "FINISHED"
+    steps.finish(ctx)
+    group = client.search_runs([pipeline["exp"]], "tags.`ddlbench.config` = 'lenet5-ssgd-allreduce-w2-b32'")
+    assert sorted(r.data.tags["ddlbench.repeat"] for r in group) == ["0", "1"]
+    assert {r.info.status for r in group} == {"FINISHED"}
+    a, b = (r.data.params for r in group)
+    assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == {"seed"}  # repeats differ by seed only
+    digests = set()
+    for node, run in _runs(pipeline).items():
+        if not node.startswith("train/"):
+            continue
+        assert run.data.tags["ddlbench.config"] == node.removeprefix("train/").removesuffix("-r0")
+        inputs = client.get_run(run.info.run_id).inputs.dataset_inputs
+        assert [(i.dataset.name, i.dataset.source_type) for i in inputs] == [("digits", "code")]
+        assert {(t.key, t.value) for t in inputs[0].tags} == {("mlflow.data.context", "training")}
+        assert json.loads(inputs[0].dataset.source) == {"tags": {"mlflow.source.name": "sklearn.datasets.load_digits"}}
+        digests.add(inputs[0].dataset.digest)
+    assert len(digests) == 1  # one data set, whatever the algorithm
+
+
+def _compare_block(output: str, key: str) -> list[str]:
+    """The lines of `ddlbench compare`'s table of one pipeline run (titled by its run key)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(key + "  "))
+    end = next((i for i in range(start + 1, len(lines)) if "regression:" in lines[i]), len(lines))
+    return lines[start:end]
+
+
 def test_compare_prints_the_runs_found_by_search(pipeline: dict[str, Any]) -> None:
     from click.testing import CliRunner
 
     from pipelines.cli import cli
 
-    runner = CliRunner(env={"COLUMNS": "250", "MLFLOW_TRACKING_URI": None})
+    runner = CliRunner(env={"COLUMNS": "100", "MLFLOW_TRACKING_URI": None})
     home = str(pipeline["home"])
     out = runner.invoke(
         cli, ["compare", "--suite", "adhoc", "--hardware", "cpu-local", "--since", "2020-01-01", "--home", home]
     )
     assert out.exit_code == 0, out.output
-    rows = [line for line in out.output.splitlines() if KEY + " " in line]
+    assert max(len(line) for line in out.output.splitlines()) <= 100
+    block = _compare_block(out.output, KEY)
+    rows = [line for line in block if line.split()[:1] and line.split()[0] in {c.removesuffix("-r0") for c in CONFIGS}]
     assert len(rows) == len(CONFIGS)
-    for config in CONFIGS:
-        assert any(config.removesuffix("-r0") in row for row in rows)
     assert sum("*" in row for row in rows) == 1  # the fastest algorithm of the one config group
+    assert all("no 1-worker" in row for row in rows)  # smoke has one world size: no scaling baseline
+    assert "samples/s" in "\n".join(block)
     out = runner.invoke(cli, ["compare", "--suite", "adhoc", "--since", "2999-01-01", "--home", home])
     assert "no runs found" in out.output

@@ -28,11 +28,35 @@ def test_shipped_specs_load_and_expand_to_their_grids() -> None:
     assert grid(smoke)[1]["config"]["servers"] == 1
     nightly = load_spec(NIGHTLY)
     entries = grid(nightly)
-    # 2 workloads x 5 algorithms x 2 world sizes x 3 repeats, keys unique and readable
-    assert len(entries) == 60 == len({e["key"] for e in entries})
+    # 2 workloads x 5 algorithms x 2 world sizes x 3 repeats, and a 1-worker SSGD baseline per
+    # workload x 3 repeats (workers lists two sizes: the spec asks for scaling); keys unique
+    assert len(entries) == 66 == len({e["key"] for e in entries})
+    baseline = [e for e in entries if e["config"]["workers"] == 1]
+    assert [e["key"] for e in baseline] == [
+        f"{m}-ssgd-allreduce-w1-b32-r{i}" for m in ("mlp", "resnet20") for i in range(3)
+    ]
+    assert {(e["config"]["comm"], e["config"]["servers"], e["config"]["overlap"]) for e in baseline} == {
+        ("allreduce", 0, True)
+    }
     assert "resnet20-odsgd-ps-v1-w4-b32-r2" in {e["key"] for e in entries}
     assert {e["config"]["seed"] for e in entries} == {0, 1, 2}
     assert nightly.experiment == "ddlbench-nightly"
+
+
+def test_the_one_worker_baseline_is_added_when_the_spec_asks_for_scaling() -> None:
+    smoke = load_spec(SMOKE)  # one world size and no `scaling`: no baseline
+    assert all(e["config"]["workers"] == 2 for e in grid(smoke))
+    keys = [e["key"] for e in grid(load_spec(SMOKE, {"scaling": True, "repeats": 2}))]
+    assert keys[-2:] == ["lenet5-ssgd-allreduce-w1-b32-r0", "lenet5-ssgd-allreduce-w1-b32-r1"]
+    # no SSGD over allreduce in the grid: a plain one is the baseline
+    asgd = grid(load_spec(SMOKE, {"scaling": True, "algorithms": [{"name": "asgd"}]}))
+    assert [(e["key"], e["config"]["algorithm"]) for e in asgd] == [
+        ("lenet5-asgd-ps-w2-b32-r0", "asgd"),
+        ("lenet5-ssgd-allreduce-w1-b32-r0", "ssgd"),
+    ]
+    # 1 worker already in the grid, or scaling turned off: nothing added
+    assert len(grid(load_spec(SMOKE, {"workers": [1, 2]}))) == 6
+    assert len(grid(load_spec(SMOKE, {"workers": [2, 3], "scaling": False}))) == 6
 
 
 def test_spec_hash_is_stable_and_follows_content() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -11,7 +12,7 @@ from typing import Any
 from pipelines.context import RunContext
 from pipelines.journal import now_ms
 from pipelines.metrics import summary_metrics
-from pipelines.spec import BenchSpec, flatten, grid
+from pipelines.spec import BenchSpec, config_of, flatten, grid
 from pipelines.stages.runner import provider, run_once, tracker, write_json
 from pipelines.tracking import Tracker
 
@@ -25,6 +26,30 @@ _CURVES = {
 _TAGGED = ("model", "dataset", "algorithm", "comm", "workers", "batch_size")
 
 Launch = Callable[[BenchSpec, Any, Path], dict[str, Any]]
+# What fixes a run's data, besides its name: same values, same data (the seed orders it).
+_DATA_FIELDS = ("dataset", "input_shape", "num_classes", "data_root", "synthetic_samples")
+
+
+def dataset_entity(config: dict[str, Any]) -> dict[str, Any]:
+    """The MLflow Dataset (name, digest, source) of a training config: the bundled digits come
+    from scikit-learn, synthetic data from the generator, files from the data root."""
+    data = {k: config.get(k) for k in _DATA_FIELDS}
+    if config["dataset"] == "synthetic":  # drawn from the run's seed
+        data["seed"] = config.get("seed")
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    if config.get("data_root"):
+        source_type, source = "local", {"uri": Path(config["data_root"]).resolve().as_uri()}
+    else:
+        origin = "sklearn.datasets.load_digits" if config["dataset"] == "digits" else f"ddlbench:{config['dataset']}"
+        source_type, source = "code", {"tags": {"mlflow.source.name": origin}}
+    profile = {k: v for k, v in data.items() if v is not None and k != "dataset"}
+    return {
+        "name": config["dataset"],
+        "digest": digest,
+        "source_type": source_type,
+        "source": json.dumps(source),
+        "profile": json.dumps(profile),
+    }
 
 
 def train_configs(ctx: RunContext) -> list[dict]:
@@ -89,6 +114,7 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
     node = f"train/{key}"
     out = ctx.paths.train(key)
     tags = {
+        "ddlbench.config": config_of(key),
         "ddlbench.config_key": key,
         "ddlbench.repeat": entry["repeat"],
         **{f"ddlbench.{k}": entry["config"][k] for k in _TAGGED},
@@ -100,6 +126,7 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
         spec = ctx.spec()
         cfg = prepare(entry["config"], source=f"train[{key}]")
         t.log_params(node, flatten(cfg.model_dump(mode="json")))
+        t.log_input(node, dataset_entity(cfg.model_dump(mode="json")))
         t0 = now_ms()
         try:
             with _system_metrics(t, node, spec):
