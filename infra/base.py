@@ -23,6 +23,8 @@ from typing import IO, TYPE_CHECKING, ClassVar
 
 import psutil
 
+from infra.placement import Placement, PlacementError, Policy, place
+
 if TYPE_CHECKING:
     from infra.options import ProviderOptions
 
@@ -39,12 +41,14 @@ class Node:
 
 @dataclass
 class Job:
-    """A distributed job: `python -m module *args` on `world_size` ranks."""
+    """A distributed job: `python -m module *args` on `world_size` ranks, the last `servers`
+    of them parameter-server shards (placed by the provider's policy, infra/placement.py)."""
 
     module: str
     args: list[str]
     world_size: int
     log_path: Path
+    servers: int = 0
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     max_restarts: int = 0  # torchrun restarts every rank of a failed job this many times
@@ -259,14 +263,30 @@ class Provider(ABC):
     @abstractmethod
     def teardown(self) -> None: ...
 
-    def ranks_per_node(self, world_size: int) -> int:
-        """How many ranks of a `world_size` job each node runs; ProviderError when the job
-        cannot be placed (torchrun starts as many ranks on every node). Checked before
-        anything runs (pipelines/preflight.py), and again at launch."""
-        if world_size < 1 or world_size % self.nodes:
-            raise ProviderError(f"{self.name}: world size {world_size} does not split evenly over "
-                                f"{self.nodes} nodes (torchrun starts as many ranks on each)")
-        return world_size // self.nodes
+    def place(self, workers: int, servers: int = 0) -> Placement:
+        """Where a job's ranks go on this provider's nodes, by its placement options;
+        ProviderError naming the option when they cannot be placed. Checked when a spec
+        loads (pipelines/spec.py), and again at launch."""
+        o = self.options
+        try:
+            devices = getattr(o, "devices_per_node", None) or getattr(o, "gpus_per_node", 0) or None
+            return place(workers, servers, self.nodes, getattr(o, "placement", Policy.colocated),
+                         devices_per_node=devices,
+                         server_nodes=getattr(o, "server_nodes", 1))
+        except PlacementError as err:
+            raise ProviderError(str(err)) from None
+
+    def place_job(self, job: Job) -> Placement:
+        return self.place(job.world_size - job.servers, job.servers)
+
+    def uniform_ranks_per_node(self, job: Job) -> int:
+        """Ranks per node of a job whose placement runs one agent of the same size on every node
+        (what a scheduler that starts one command on every node launches as it is)."""
+        placement = self.place_job(job)
+        if not placement.uniform:
+            raise ProviderError(f"{self.name}: this provider starts the same torchrun on every node; "
+                                f"the job's placement ({placement.describe()}) needs one per role and node")
+        return placement.agents()[0].nproc
 
     def __enter__(self) -> Provider:
         try:

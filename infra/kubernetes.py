@@ -40,7 +40,7 @@ from infra.base import (
     torchrun_shell,
 )
 from infra.lifeline import Launcher, wait_for_exit, watchdog
-from infra.options import ProviderOptions, integer_at_least
+from infra.options import PlacementOptions, integer_at_least
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
@@ -61,7 +61,7 @@ def _toleration(tol: Any) -> Any:
     return tol
 
 
-class KubernetesOptions(ProviderOptions):
+class KubernetesOptions(PlacementOptions):
     nodes: Annotated[int, integer_at_least(1)] = Field(1, description="Pods of every job (one torchrun each).")
     image: str = Field("ddlbench:latest", description="Container image holding this repository.")
     namespace: str = Field("default", description="Kubernetes namespace of the Job and Service.")
@@ -149,7 +149,7 @@ class KubernetesProvider(Provider):
 
     def objects(self, job: Job, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The headless Service and the Indexed Job of a run, as Kubernetes API dicts."""
-        per_node = self.ranks_per_node(job.world_size)
+        per_node = self.uniform_ranks_per_node(job)
         launcher = Launcher.this()
         labels = {"app.kubernetes.io/name": "ddlbench", JOB_LABEL: name}
         owner = {LAUNCHER_HOST_LABEL: _label_value(launcher.host), LAUNCHER_PID_LABEL: str(launcher.pid)}

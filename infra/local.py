@@ -27,6 +27,7 @@ class LocalProvider(Provider):
         return [Node(platform.node() or "localhost", "127.0.0.1")]
 
     def run(self, job: Job, echo: bool = True) -> JobResult:
+        self.place_job(job)  # one node: every rank here, workers first
         argv = torchrun_argv(job.world_size, max_restarts=job.max_restarts) + ["-m", job.module, *job.args]
         env = base_env(self.threads) | job.env
         return run_processes([argv], [env], job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0)

@@ -35,7 +35,7 @@ from infra.base import (
     run_processes,
     torchrun_argv,
 )
-from infra.options import ProviderOptions, integer_at_least
+from infra.options import PlacementOptions, integer_at_least
 from modelling.units import parse_rate  # bytes per second
 
 _PREFIX = "ddlb"
@@ -132,7 +132,7 @@ def cleanup_stale() -> list[str]:
     return [ns for names in clusters.values() for ns in names]
 
 
-class NetnsOptions(ProviderOptions):
+class NetnsOptions(PlacementOptions):
     nodes: Annotated[int, integer_at_least(1, "a positive integer")] = Field(
         2, description="Nodes: one network namespace each."
     )
@@ -244,14 +244,16 @@ class NetnsProvider(Provider):
         _ip("-n", self.ns_name(node), "link", "set", self.ifname(node), "up" if up else "down")
 
     def run(self, job: Job, echo: bool = True) -> JobResult:
-        per_node = self.ranks_per_node(job.world_size)
+        placement = self.place_job(job)
         nodes = self.provision()
         argvs, envs = [], []
-        for i in range(self.nodes):
-            torchrun = torchrun_argv(per_node, self.nodes, i, nodes[0].address, self.master_port,
+        # One torchrun agent per (role, node), in rank order; agent 0 (node 0's workers) hosts the store.
+        for i, agent in enumerate(placement.agents()):
+            torchrun = torchrun_argv(agent.nproc, len(placement.agents()), i, nodes[0].address, self.master_port,
                                      max_restarts=job.max_restarts)
-            argvs.append(["ip", "netns", "exec", self.ns_name(i), *torchrun, "-m", job.module, *job.args])
-            ifname = {"GLOO_SOCKET_IFNAME": self.ifname(i), "NCCL_SOCKET_IFNAME": self.ifname(i)}
+            n = agent.node
+            argvs.append(["ip", "netns", "exec", self.ns_name(n), *torchrun, "-m", job.module, *job.args])
+            ifname = {"GLOO_SOCKET_IFNAME": self.ifname(n), "NCCL_SOCKET_IFNAME": self.ifname(n)}
             envs.append(base_env(self.threads) | job.env | ifname)
         return run_processes(argvs, envs, job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0)
 

@@ -8,11 +8,12 @@ Errors name the option: "provider.options.nodes: expected an integer >= 1, got 0
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from infra.base import ProviderError
+from infra.placement import Policy
 
 Opts = TypeVar("Opts", bound="ProviderOptions")
 
@@ -60,3 +61,19 @@ def integer_at_least(least: int, wording: str | None = None, optional: bool = Fa
         return value
 
     return BeforeValidator(check)
+
+
+class PlacementOptions(ProviderOptions):
+    """How a multi-node provider places a job's ranks (infra/placement.py, DESIGN §5)."""
+
+    placement: Policy = Field(
+        Policy.colocated,
+        description="Parameter-server shards: colocated (spread over the worker nodes) or dedicated "
+        "(on the last server_nodes nodes, which run no worker).",
+    )
+    devices_per_node: Annotated[int | None, integer_at_least(1, "a positive integer", optional=True)] = Field(
+        None, description="Workers per node (one per device), filling nodes in order; default: spread evenly."
+    )
+    server_nodes: Annotated[int, integer_at_least(1, "a positive integer")] = Field(
+        1, description="Nodes given to the shards with placement: dedicated."
+    )

@@ -38,7 +38,7 @@ from infra.base import (
     torchrun_shell,
 )
 from infra.lifeline import Launcher, on_death
-from infra.options import ProviderOptions, integer_at_least
+from infra.options import PlacementOptions, integer_at_least
 
 _TIME_RE = re.compile(r"^\d+$|^(\d+-)?\d{1,2}(:\d{2}){1,2}$|^\d+-\d{1,2}$")
 _COMMENT = "ddlbench-launcher:"
@@ -77,7 +77,7 @@ def cancel_orphans() -> list[str]:
     return orphans
 
 
-class SlurmOptions(ProviderOptions):
+class SlurmOptions(PlacementOptions):
     nodes: Annotated[int, integer_at_least(1)] = Field(1, description="Nodes of every job (sbatch --nodes).")
     gpus_per_node: Annotated[int, integer_at_least(0)] = Field(0, description="GPUs per node (--gpus-per-node).")
     time_limit: str | int = Field("30", description="Job time limit: minutes or [D-]HH:MM:SS.")
@@ -143,7 +143,7 @@ class SlurmProvider(Provider):
 
     def batch_script(self, job: Job) -> str:
         """The sbatch script of a job (its #SBATCH lines carry every resource request)."""
-        per_node = self.ranks_per_node(job.world_size)
+        per_node = self.uniform_ranks_per_node(job)
         directives = [
             f"--job-name=ddlbench-{job.module.rsplit('.', 1)[-1]}",
             f"--nodes={self.nodes}",

@@ -69,9 +69,11 @@ def run_config(config: MicrobenchConfig, out_dir: Path, *, provider=None, echo: 
         module="modelling.microbench_rank",
         args=[str(out_dir.resolve())],
         world_size=config.workers + config.servers,
+        servers=config.servers,  # placed as the training jobs it models are (DESIGN §5)
         log_path=out_dir / "microbench.log",
         timeout_s=config.timeout_s,
     )
+    (out_dir / "placement.json").write_text(json.dumps(provider.place_job(job).as_dict(), indent=2))
     result = provider.run(job, echo=echo)
     if not result.ok or not (out_dir / "comm.json").exists():
         raise MicrobenchFailed(f"microbench: {result.describe_failure()}")

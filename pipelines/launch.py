@@ -84,16 +84,22 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
     stale = ["summary.json", "timeline.jsonl", "trace.json", DIVERGED, *(p.name for p in out.glob("failure-rank*"))]
     for name in stale:
         (out / name).unlink(missing_ok=True)
-    job = Job(module="training.run", args=[str(out.resolve())], world_size=cfg.world_size,
+    job = Job(module="training.run", args=[str(out.resolve())], world_size=cfg.world_size, servers=cfg.servers,
               log_path=out / "launcher.log", timeout_s=timeout_s, max_restarts=cfg.max_restarts)
+    placement = provider.place_job(job).as_dict()
+    (out / "placement.json").write_text(json.dumps(placement, indent=2))
     result = provider.run(job, echo=echo)
     summary_path = out / "summary.json"
     if (out / DIVERGED).exists():
         summary = {"status": "diverged", **json.loads((out / DIVERGED).read_text()),
-                   "config": json.loads(cfg.model_dump_json())}
+                   "config": json.loads(cfg.model_dump_json()), "placement": placement}
         summary_path.write_text(json.dumps(summary, indent=2))
         return summary
     if not result.ok or not summary_path.exists():
         result.causes = [p.read_text().strip() for p in sorted(out.glob("failure-rank*.txt"))]
         raise JobFailed(result)
-    return json.loads(summary_path.read_text())
+    summary = json.loads(summary_path.read_text())
+    summary["placement"] = placement  # where the ranks ran (DESIGN §4: every result carries it)
+    summary.setdefault("environment", {})["placement"] = placement["policy"]
+    summary_path.write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,7 +1,8 @@
 """Everything about a spec that can be checked before any process, run directory or MLflow
 run exists: every job of the grid (model, dataset, data root, shapes: `launch.prepare`),
-each global batch against its data set, where every job's ranks go on the provider's nodes
-(training, microbenchmark and profile jobs), and that the home can be written.
+each global batch against its data set, and that the home can be written. Where every job's
+ranks go on the provider's nodes is checked earlier, when the spec loads
+(`pipelines.spec.placement_problems`).
 
 `start` calls `preflight` first, so `ddlbench run` and both DAGs' `start` task fail at
 once with one line per problem, naming the field and the value.
@@ -18,7 +19,7 @@ from pipelines.spec import BenchSpec, SpecError
 
 def preflight(spec: BenchSpec, entries: list[dict[str, Any]], home: Path, source: str = "spec") -> None:
     """SpecError listing every problem of `spec` and its grid `entries`; nothing is created."""
-    problems = _jobs(entries, source) + _placement(spec, entries, source) + _writable(home)
+    problems = _jobs(entries, source) + _writable(home)
     if problems:
         raise SpecError("\n".join(dict.fromkeys(problems)))
 
@@ -56,30 +57,6 @@ def _batch_fits(cfg: Any, where: str) -> str | None:
         return (f"{where}.batch_size: a global batch of {cfg.workers} workers x {cfg.batch_size} = "
                 f"{cfg.workers * cfg.batch_size} exceeds the {len(train)} training samples of {cfg.dataset}")
     return None
-
-
-def _placement(spec: BenchSpec, entries: list[dict[str, Any]], source: str) -> list[str]:
-    """Every job's world size on the provider's nodes (building the provider provisions nothing)."""
-    from infra import ProviderError, get_provider
-
-    provider = get_provider(spec.provider.name, **spec.provider.options)
-    jobs: dict[int, str] = {}
-    for entry in entries:
-        c = entry["config"]
-        jobs.setdefault(c["workers"] + c["servers"], f"workers={c['workers']} + servers={c['servers']} (training)")
-    if spec.microbench.enabled:
-        for n in spec.workers:
-            jobs.setdefault(n + spec.servers, f"workers={n} + servers={spec.servers} (microbenchmark)")
-    if spec.profile.enabled:
-        jobs.setdefault(max(spec.workers), f"workers={max(spec.workers)} (profile processes)")
-    problems = []
-    for world, what in sorted(jobs.items()):
-        try:
-            provider.ranks_per_node(world)
-        except ProviderError as err:
-            problems.append(f"{source}.provider.options.nodes: {spec.provider.options.get('nodes', 1)} nodes cannot "
-                            f"place a job of {what}: {err}")
-    return problems
 
 
 def _writable(home: Path) -> list[str]:

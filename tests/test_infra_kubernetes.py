@@ -277,7 +277,7 @@ def test_option_errors(tmp_path):
         KubernetesProvider(name_prefix="DDL_bench")
     with pytest.raises(ProviderError, match="provider.options: .*unexpected keyword argument 'gpu'"):
         get_provider("kubernetes", gpu=1)
-    with pytest.raises(ProviderError, match="world size 3 does not split evenly over 2 nodes"):
+    with pytest.raises(ProviderError, match=r"the job.s placement \(2 nodes, colocated: node0 w0 w1, node1 w2\)"):
         KubernetesProvider(nodes=2).objects(Job("training.run", [], 3, tmp_path / "log"), "x")
 
 

@@ -83,10 +83,10 @@ def test_bandwidth_parsing_and_option_errors():
         get_provider("mesos")
 
 
-def test_uneven_world_size_is_refused_before_anything_starts(tmp_path):
-    provider = NetnsProvider(nodes=2)
-    job = Job(module="training.run", args=[], world_size=3, log_path=tmp_path / "log")
-    with pytest.raises(ProviderError, match="world size 3 does not split evenly over 2 nodes"):
+def test_an_impossible_placement_is_refused_before_anything_starts(tmp_path):
+    provider = NetnsProvider(nodes=2, placement="dedicated", server_nodes=2)
+    job = Job(module="training.run", args=[], world_size=3, servers=1, log_path=tmp_path / "log")
+    with pytest.raises(ProviderError, match=r"provider.options.server_nodes: dedicated shards need 1 to 1 of the 2 "):
         provider.run(job)
     assert not provider.provisioned
 
@@ -222,25 +222,32 @@ def train_values(**options) -> dict:
 @pytest.mark.netns
 @needs_root
 @pytest.mark.parametrize(
-    ("algorithm", "workers", "servers", "nodes"),
-    [("ssgd", 2, 0, 2), ("asgd", 1, 1, 2), ("odsgd", 2, 1, 3)],
+    ("algorithm", "comm", "workers", "servers", "nodes", "placement", "node_of_rank"),
+    [
+        ("ssgd", "allreduce", 2, 0, 2, "colocated", [0, 1]),
+        ("ssgd", "ps", 2, 2, 2, "colocated", [0, 1, 0, 1]),  # node0: w0 s2, node1: w1 s3 (3 torchrun agents)
+        ("asgd", "ps", 1, 1, 2, "dedicated", [0, 1]),
+        ("odsgd", "ps", 2, 1, 3, "dedicated", [0, 1, 2]),
+    ],
 )
-def test_algorithms_train_across_nodes(tmp_path, algorithm, workers, servers, nodes):
+def test_algorithms_train_across_nodes(tmp_path, algorithm, comm, workers, servers, nodes, placement, node_of_rank):
     from pipelines.launch import launch, prepare
 
     cfg = prepare(
-        train_values(algorithm=algorithm, workers=workers, servers=servers, link_bandwidth="100mbit"),
+        train_values(algorithm=algorithm, comm=comm, workers=workers, servers=servers, link_bandwidth="100mbit"),
         "test",
     )
-    with NetnsProvider(nodes=nodes, bandwidth="100mbit") as provider:
+    with NetnsProvider(nodes=nodes, bandwidth="100mbit", placement=placement) as provider:
         summary = launch(cfg, tmp_path, provider, timeout_s=180, echo=False)
         sent = [tx_bytes(provider, i) for i in range(nodes)]
     assert summary["status"] == "completed"
     assert summary["algorithm"] == algorithm and summary["workers"] == workers
     assert summary["servers"] == servers and summary["steps"] == 6
     assert math.isfinite(summary["final_loss"])
-    # every node's rank really talked over its shaped link: each sent at least a model's worth
-    # per step (allreduce halves on two nodes; a PS worker pushes whole gradients)
+    assert summary["placement"]["policy"] == placement and summary["placement"]["node_of_rank"] == node_of_rank
+    assert json.loads((tmp_path / "placement.json").read_text()) == summary["placement"]
+    # every node's ranks really talked over its shaped link: each sent at least half a model's
+    # worth per step (allreduce halves on two nodes; a PS worker pushes to the remote shards)
     assert min(sent) >= 6 * summary["parameter_bytes"] / 2, (sent, summary["parameter_bytes"])
     assert_gone(provider, tmp_path)
 

@@ -76,7 +76,7 @@ def test_option_errors():
         SlurmProvider(gpus_per_node=-1)
     with pytest.raises(ProviderError, match="provider.options: .*unexpected keyword argument 'queue'"):
         get_provider("slurm", queue="gpu")
-    with pytest.raises(ProviderError, match="world size 3 does not split evenly over 2 nodes"):
+    with pytest.raises(ProviderError, match=r"the job.s placement \(2 nodes, colocated: node0 w0 w1, node1 w2\)"):
         SlurmProvider(nodes=2).batch_script(Job("training.run", [], 3, log_path=Path("x")))
 
 

@@ -37,12 +37,16 @@ WRONG = [
     ("inputs too small for the model",
      ['workloads=[{"model": "lenet5", "dataset": "synthetic", "input_shape": [1, 4, 4]}]'],
      "input_shape: lenet5 cannot take inputs of shape (1, 4, 4)"),
-    ("a world that does not split over the nodes", ['provider={"name": "netns", "options": {"nodes": 2}}'],
-     "provider.options.nodes: 2 nodes cannot place a job of workers=2 + servers=1 (training): "
-     "netns: world size 3 does not split evenly over 2 nodes"),
-    ("a microbenchmark world that does not split", ['provider={"name": "netns", "options": {"nodes": 2}}',
-                                                    'algorithms=[{"name": "ssgd"}]'],
-     "a job of workers=2 + servers=1 (microbenchmark)"),
+    ("dedicated shards that leave no node for the workers",
+     ['provider={"name": "netns", "options": {"nodes": 2, "placement": "dedicated", "server_nodes": 2}}'],
+     "provider.options.server_nodes: dedicated shards need 1 to 1 of the 2 nodes (the others run the workers), "
+     "got 2 (a job of workers=2 + servers=1 (training))"),
+    ("more workers than the nodes' devices", ['provider={"name": "netns", "options": {"nodes": 2, '
+                                              '"devices_per_node": 1}}', "workers=[4]"],
+     "provider.options.devices_per_node: 4 workers exceed the 2 worker slots of 2 node(s) x 1 devices "
+     "(a job of workers=4 + servers=0 (training))"),
+    ("an unknown placement policy", ['provider={"name": "netns", "options": {"placement": "spread"}}'],
+     "provider: options.placement: Input should be 'colocated' or 'dedicated' (got 'spread')"),
     ("no workers", ["workers=[0]"], "workers"),
     ("an unknown algorithm", ['algorithms=[{"name": "hogwild"}]'], "algorithms.0.name"),
     ("an unknown spec field", ["warmup_stpes=3"], "warmup_stpes"),

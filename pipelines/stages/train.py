@@ -126,6 +126,9 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
         spec = ctx.spec()
         cfg = prepare(entry["config"], source=f"train[{key}]")
         t.log_params(node, flatten(cfg.model_dump(mode="json")))
+        placement = provider(spec).place(cfg.workers, cfg.servers)  # where its ranks run (DESIGN §5)
+        t.log_params(node, flatten(placement.as_dict(), "placement."))
+        t.set_tags(node, {"ddlbench.placement": placement.policy.value})
         t.log_input(node, dataset_entity(cfg.model_dump(mode="json")))
         t0 = now_ms()
         try:
