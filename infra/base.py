@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, ClassVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
@@ -287,6 +287,17 @@ class Provider(ABC):
             raise ProviderError(f"{self.name}: this provider starts the same torchrun on every node; "
                                 f"the job's placement ({placement.describe()}) needs one per role and node")
         return placement.agents()[0].nproc
+
+    def handle(self) -> dict[str, Any]:
+        """Small JSON naming the provisioned cluster, for another process of the same pipeline run
+        to `adopt` (one cluster per pipeline run, DESIGN §5); {} when there is nothing to share."""
+        return {}
+
+    def adopt(self, handle: dict[str, Any]) -> None:
+        """Use the cluster that another process provisioned (its `handle()`): `provision()` then
+        returns its nodes without creating anything, `run()` runs on it, `teardown()` releases it."""
+        if handle:
+            raise ProviderError(f"{self.name}: cannot adopt a cluster handle ({sorted(handle)})")
 
     def __enter__(self) -> Provider:
         try:
