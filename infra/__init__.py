@@ -15,6 +15,7 @@ __all__ = [
     "Node",
     "Provider",
     "ProviderError",
+    "PROVIDER_NAMES",
     "ProviderOptions",
     "get_provider",
     "provider_options_model",
@@ -27,6 +28,7 @@ _PROVIDERS = {
     "slurm": ("infra.slurm", "SlurmProvider"),
     "kubernetes": ("infra.kubernetes", "KubernetesProvider"),
 }
+PROVIDER_NAMES = tuple(_PROVIDERS)
 
 
 def _provider_class(name: str) -> type[Provider]:

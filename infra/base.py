@@ -288,6 +288,14 @@ class Provider(ABC):
                                 f"the job's placement ({placement.describe()}) needs one per role and node")
         return placement.agents()[0].nproc
 
+    def provision_shared(self, owner: int | None = None) -> list[Node]:
+        """Provision a cluster that outlives this process, for the other tasks of one pipeline run
+        to `adopt` (its `handle()`) until one of them tears it down. `owner`: a process whose death
+        releases it too (the one `ddlbench run` process); None: only `teardown()`, or a lease the
+        provider keeps, does (Airflow tasks are short processes of their own). Default:
+        `provision()`, for providers whose cluster needs no process of ours to stay up."""
+        return self.provision()
+
     def handle(self) -> dict[str, Any]:
         """Small JSON naming the provisioned cluster, for another process of the same pipeline run
         to `adopt` (one cluster per pipeline run, DESIGN §5); {} when there is nothing to share."""

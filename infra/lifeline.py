@@ -74,12 +74,13 @@ def wrap(argv: list[str]) -> list[str]:
 
 def _start_ticks(pid: int) -> int | None:
     """A process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid,
-    it names one process for ever (a pid alone may be reused)."""
+    it names one process for ever (a pid alone may be reused). None once it has exited (a zombie
+    waiting to be reaped has exited too)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
         return None
-    return int(stat.rpartition(")")[2].split()[19])
+    return None if stat[0] == "Z" else int(stat[19])
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,12 @@ class Launcher:
 
     @classmethod
     def this(cls) -> Launcher:
-        return cls(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()) or 0)
+        return cls.of(os.getpid())
+
+    @classmethod
+    def of(cls, pid: int) -> Launcher:
+        """A process of this host, named by its pid and start time."""
+        return cls(socket.gethostname(), pid, _start_ticks(pid) or 0)
 
     def tag(self) -> str:
         return f"{self.host}.{self.pid}.{self.start}"
@@ -126,7 +132,7 @@ def watchdog(argv: list[str]) -> Iterator[None]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env=_importable_env(),
+        env=importable_env(),
     )
     try:
         yield
@@ -140,7 +146,7 @@ def on_death(argv: list[str]) -> AbstractContextManager[None]:
     return watchdog([sys.executable, "-m", "infra.lifeline", "--on-death", str(os.getpid()), *argv])
 
 
-def _importable_env() -> dict[str, str]:
+def importable_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -7,9 +7,18 @@ shaped with `tc tbf` in both directions (the namespace end shapes what the
 node sends, the bridge end what it receives), like a full-duplex NIC.
 
 torchrun runs once per node under `ip netns exec`, with static rendezvous on
-node 0's address and gloo bound to the node's interface. Names carry this
-process's pid and a random tag, so parallel providers never collide, and a
+node 0's address and gloo bound to the node's interface. Names carry their
+owner's pid and a random tag, so parallel providers never collide, and a
 provider that finds namespaces of a dead owner (a SIGKILLed run) removes them.
+
+The owner is the provisioning process, or, for a cluster that the tasks of one
+pipeline run share (`provision_shared`; Airflow tasks are short processes of their
+own), a keeper: `python -m infra.netns keep`, in a session of its own, which lives
+until teardown stops it. Past its lease (`lease_s`), or once the process it is told
+to watch has died (the one `ddlbench run` process), the keeper removes the cluster
+itself; a keeper killed outright leaves a dead owner's cluster, which the next
+provision or `ddlbench cleanup` removes. Other processes use the cluster through its
+`handle()` (tag, keeper, nodes) and `adopt()`.
 """
 
 from __future__ import annotations
@@ -18,8 +27,10 @@ import ipaddress
 import os
 import re
 import secrets
+import select
 import signal
 import subprocess
+import sys
 import time
 from typing import Annotated, Any
 
@@ -35,6 +46,7 @@ from infra.base import (
     run_processes,
     torchrun_argv,
 )
+from infra.lifeline import Launcher, importable_env
 from infra.options import PlacementOptions, integer_at_least
 from modelling.units import parse_rate  # bytes per second
 
@@ -79,13 +91,8 @@ def _tc(*args: str) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether the process runs (a zombie waiting for its parent to reap it does not)."""
+    return Launcher.of(pid).start != 0
 
 
 def _kill_namespace_processes(ns: str) -> None:
@@ -142,6 +149,12 @@ class NetnsOptions(PlacementOptions):
     subnet: str = Field("10.213.0.0/24", description="The cluster's private subnet (10.0.0.0/8 or 192.168.0.0/16).")
     master_port: int = Field(29500, description="torchrun's static rendezvous port on node 0.")
     threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
+    lease_s: float = Field(
+        86400.0,
+        gt=0,
+        description="Seconds a cluster shared by a pipeline run's tasks stays up at most when no teardown "
+        "comes (an abandoned run): its keeper then removes it.",
+    )
 
     @field_validator("bandwidth", mode="before")
     @classmethod
@@ -182,6 +195,9 @@ class NetnsProvider(Provider):
         # the owner's pid in every namespace name lets a later provider spot a dead owner's leftovers
         self.owner_pid = os.getpid()
         self._nodes: list[Node] = []
+        self._keeper: Launcher | None = None  # the owner of a shared cluster
+        self._keeper_proc: subprocess.Popen | None = None
+        self._adopted: list[Node] | None = None  # the nodes of a cluster another process provisioned
 
     def ns_name(self, i: int) -> str:
         return f"{_PREFIX}-{self.owner_pid}-{self.tag}-{i}"
@@ -202,6 +218,10 @@ class NetnsProvider(Provider):
             raise ProviderError("netns: network namespaces need root (run as root, or use the local provider)")
         if self._nodes:
             return self._nodes
+        if self._adopted is not None:
+            self._check_adopted()
+            self._nodes = self._adopted
+            return self._nodes
         cleanup_stale()
         try:
             self._nodes = self._build()
@@ -210,6 +230,59 @@ class NetnsProvider(Provider):
             self.teardown()
             raise
         return self._nodes
+
+    def provision_shared(self, owner: int | None = None) -> list[Node]:
+        """The cluster owned by a keeper that outlives this process (see the module's docstring)."""
+        if os.geteuid() != 0:
+            raise ProviderError("netns: network namespaces need root (run as root, or use the local provider)")
+        if self._nodes or self._adopted is not None:
+            return self.provision()
+        argv = [sys.executable, "-m", "infra.netns", "keep", self.tag, str(self.nodes),
+                str(self.options.lease_s), str(owner or 0)]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True, env=importable_env())
+        self._keeper_proc = proc
+        self._keeper = Launcher.of(proc.pid)
+        self.owner_pid = proc.pid
+        return self.provision()
+
+    def handle(self) -> dict[str, Any]:
+        """{tag, keeper (host.pid.start), nodes [{name, address}], bandwidth}; {} for a cluster that
+        only this process owns (it ends with it)."""
+        if self._keeper is None or not self._nodes:
+            return {}
+        return {
+            "tag": self.tag,
+            "keeper": self._keeper.tag(),
+            "nodes": [{"name": n.name, "address": n.address} for n in self._nodes],
+            "bandwidth": self.bandwidth,
+        }
+
+    def adopt(self, handle: dict[str, Any]) -> None:
+        if not handle:
+            return
+        try:
+            tag, keeper = str(handle["tag"]), Launcher.parse(str(handle["keeper"]))
+            nodes = [Node(str(n["name"]), str(n["address"])) for n in handle["nodes"]]
+        except (KeyError, TypeError) as err:
+            raise ProviderError(f"netns: not a netns cluster handle (missing {err}): {handle}") from None
+        if keeper is None or not re.fullmatch(r"[0-9a-f]{6}", tag):
+            raise ProviderError(f"netns: not a netns cluster handle: {handle}")
+        if len(nodes) != self.nodes:
+            raise ProviderError(f"provider.options.nodes: the run's cluster {tag} has {len(nodes)} nodes, "
+                                f"the options give {self.nodes}")
+        self.tag, self.owner_pid, self._keeper = tag, keeper.pid, keeper
+        self._adopted, self._nodes = nodes, []
+
+    def _check_adopted(self) -> None:
+        """An adopted cluster is still there: its keeper lives and every namespace exists."""
+        assert self._keeper is not None
+        missing = sorted({self.ns_name(i) for i in range(self.nodes)} - _namespaces())
+        why = ("its keeper (pid " + str(self._keeper.pid) + ") is gone" if not self._keeper.alive()
+               else f"namespaces {', '.join(missing)} are missing" if missing else "")
+        if why:
+            raise ProviderError(f"netns: the run's cluster {self.tag} is gone: {why}; it was torn down, or it "
+                                "outlived its lease (provider.options.lease_s); provision it again")
 
     def _build(self) -> list[Node]:
         bridge = f"db{self.tag}"
@@ -260,3 +333,54 @@ class NetnsProvider(Provider):
     def teardown(self) -> None:
         _remove_cluster(self.tag, [self.ns_name(i) for i in range(self.nodes)])
         self._nodes = []
+        self._stop_keeper()
+
+    def _stop_keeper(self) -> None:
+        """SIGTERM the keeper (if it is still the same process) and wait until it is gone: a zombie
+        would still pass for a live owner."""
+        keeper, proc = self._keeper, self._keeper_proc
+        if keeper is None or not keeper.alive():
+            return
+        os.kill(keeper.pid, signal.SIGTERM)
+        if proc is not None:
+            proc.wait()
+            return
+        try:
+            os.waitpid(keeper.pid, 0)  # our child: the `ddlbench run` process that provisioned
+        except ChildProcessError:
+            deadline = time.monotonic() + 10
+            while keeper.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+def _namespaces() -> set[str]:
+    return {line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()}
+
+
+def keep(tag: str, nodes: int, lease_s: float, owner: int) -> None:
+    """A shared cluster's keeper: its pid is in the cluster's names, so the cluster is live while it
+    runs. Teardown ends it (SIGTERM); past the lease, or once `owner` (when not 0) has died, it
+    removes the cluster itself."""
+    fd = None
+    if owner:
+        try:
+            fd = os.pidfd_open(owner)
+        except ProcessLookupError:
+            lease_s = 0
+    if fd is not None:
+        select.select([fd], [], [], lease_s)  # readable once the owner has exited
+    else:
+        time.sleep(lease_s)
+    _remove_cluster(tag, [f"{_PREFIX}-{os.getpid()}-{tag}-{i}" for i in range(nodes)])
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) != 5 or args[0] != "keep" or not args[2].isdigit() or not args[4].isdigit():
+        print("usage: python -m infra.netns keep TAG NODES LEASE_S OWNER_PID", file=sys.stderr)
+        sys.exit(2)
+    keep(args[1], int(args[2]), float(args[3]), int(args[4]))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from infra import PROVIDER_NAMES
 from pipelines.options import option_for
 from training.config import ConfigError, TrainConfig, load_yaml
 
@@ -28,23 +29,57 @@ def cli() -> None:
     """ddlbench: benchmark, profile and predict distributed data-parallel training."""
 
 
-def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, **options: Any) -> None:
-    from infra import get_provider
+def provider_options(name: str, nodes: int | None, bandwidth: str | None, placement: str | None,
+                     sets: tuple[str, ...], threads: int) -> dict[str, Any]:
+    """The provider options of `ddlbench train`, as a spec's `provider.options` would give them:
+    checked by the provider's options model (click.UsageError naming the option)."""
+    import yaml
+
+    from infra import ProviderError, provider_options_model, validate_provider_options
+
+    options: dict[str, Any] = {}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--provider-option")
+        options[key.strip()] = yaml.safe_load(raw)
+    given = {"nodes": nodes, "bandwidth": bandwidth, "placement": placement}
+    options |= {k: v for k, v in given.items() if v is not None}
+    try:
+        if "threads_per_process" in provider_options_model(name).model_fields:
+            options.setdefault("threads_per_process", threads)
+        validate_provider_options(name, options)
+    except ProviderError as err:
+        raise click.UsageError(str(err)) from None
+    return options
+
+
+def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, provider: str, nodes: int | None,
+           bandwidth: str | None, placement: str | None, provider_sets: tuple[str, ...], **options: Any) -> None:
+    from infra import ProviderError, get_provider
     from pipelines.launch import JobFailed, OutputError, launch, prepare
     from pipelines.report_console import print_summary
     from training.run import EXIT_DIVERGED
 
     try:
         values, source = config_values(config, options)
+        if bandwidth is not None:  # the link's known rate travels with the results
+            values.setdefault("link_bandwidth", bandwidth)
         cfg = prepare(values, source)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
+    opts = provider_options(provider, nodes, bandwidth, placement, provider_sets, cfg.threads)
     try:
-        summary = launch(cfg, out, get_provider("local", threads_per_process=cfg.threads),
-                         timeout_s=timeout, echo=not quiet)
+        cluster = get_provider(provider, **opts)
+        cluster.place(cfg.workers, cfg.servers)  # before anything is provisioned
+    except ProviderError as err:
+        raise click.UsageError(str(err)) from None
+    try:
+        with cluster:
+            summary = launch(cfg, out, cluster, timeout_s=timeout, echo=not quiet)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
-    except (JobFailed, OutputError) as err:
+    except (JobFailed, OutputError, ProviderError) as err:
         click.echo(f"ddlbench train: failed: {err}", err=True)
         sys.exit(1)
     if summary["status"] == "diverged":
@@ -57,7 +92,8 @@ def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, *
 train = click.Command(
     "train",
     callback=_train,
-    help="Run one distributed training job on this host (torchrun, the local provider).",
+    help="Run one distributed training job (torchrun) on a cluster provider: this host by default, "
+    "or --provider netns|slurm|kubernetes with the options a spec's provider section takes.",
     params=[
         click.Option(["--config", "config"], type=click.Path(path_type=Path), default=None,
                      help="YAML file of options; options given here override it."),
@@ -66,6 +102,16 @@ train = click.Command(
         click.Option(["--timeout", "timeout"], type=float, default=None,
                      help="Kill the whole job after this many seconds."),
         click.Option(["--quiet", "quiet"], is_flag=True, help="Do not echo the ranks' output."),
+        click.Option(["--provider", "provider"], type=click.Choice(PROVIDER_NAMES), default="local", show_default=True,
+                     help="Cluster provider: provisioned for this job, torn down after it."),
+        click.Option(["--nodes", "nodes"], type=int, default=None, help="provider.options.nodes."),
+        click.Option(["--bandwidth", "bandwidth"], default=None,
+                     help="provider.options.bandwidth (netns: each link's rate, e.g. 200mbit); "
+                     "also the job's link_bandwidth unless given."),
+        click.Option(["--placement", "placement"], type=click.Choice(["colocated", "dedicated"]), default=None,
+                     help="provider.options.placement: PS shards on the worker nodes or on nodes of their own."),
+        click.Option(["--provider-option", "provider_sets"], multiple=True, metavar="KEY=VALUE",
+                     help="Any other provider option (VALUE read as YAML), e.g. server_nodes=1; repeatable."),
         *(option_for(name, f) for name, f in TrainConfig.model_fields.items()),
     ],
 )

@@ -48,6 +48,11 @@ class RunDir:
         return self.root / STATUS
 
     @property
+    def cluster(self) -> Path:
+        """The run's cluster as `provision` made it: provider name and handle (small JSON)."""
+        return self.root / "cluster.json"
+
+    @property
     def fit_model(self) -> Path:
         return self.root / "fit" / "model.json"
 

@@ -11,11 +11,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from infra import ProviderError
 from pipelines.context import REPO, RunContext, RunDir, default_home, default_tracking_uri, load_context
 from pipelines.journal import now_ms
 from pipelines.preflight import preflight
 from pipelines.spec import BenchSpec, SpecError, flatten, grid, load_spec
-from pipelines.stages.runner import provider, run_once, run_tags, tracker, write_json
+from pipelines.stages.runner import cluster, cluster_handle, provider, run_once, run_tags, tracker, write_json
 from pipelines.tracking import PARENT, Tracker, mask_uri
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -111,12 +112,40 @@ def start(
 
 
 def provision(ctx: RunContext) -> dict:
-    """Check the cluster can be provisioned; record its nodes."""
+    """Create the run's cluster, once (DESIGN §5): its handle goes to `cluster.json`, where every
+    microbench, profile and train task finds and adopts it; `teardown` releases it.
+
+    Under Airflow the cluster outlives this task's process; under `ddlbench run` it is also
+    released should that one process die. A retry finds the recorded cluster and keeps it if it is
+    still up, else makes a new one."""
     spec = ctx.spec()
+    path = ctx.paths.cluster
+    if path.exists() and ctx.paths.recorded("provision").exists():
+        try:
+            with cluster(ctx) as p:
+                p.provision()  # an adopted cluster: checks that it is still there
+        except ProviderError:
+            path.unlink()
+            ctx.paths.recorded("provision").unlink()
 
     def body(t: Tracker, node: str) -> dict:
-        with provider(spec) as p:
-            nodes = [{"name": n.name, "address": n.address} for n in p.provision()]
+        p = provider(spec)
+        stale = cluster_handle(ctx)
+        if stale:  # a provision that died between creating its cluster and recording its step
+            p.adopt(stale)
+            p.teardown()
+            p = provider(spec)
+        started = time.monotonic()
+        try:
+            nodes = [{"name": n.name, "address": n.address}
+                     for n in p.provision_shared(owner=None if ctx.airflow else os.getpid())]
+            handle = p.handle()
+            write_json(path, {"provider": spec.provider.name, "handle": handle})
+        except BaseException:
+            p.teardown()
+            raise
+        if not handle:  # nothing shared (local): each task uses a provider of its own
+            p.teardown()
         t.log_params(
             node,
             {
@@ -125,18 +154,23 @@ def provision(ctx: RunContext) -> dict:
                 **flatten(spec.provider.options, "provider.options."),
             },
         )
+        t.log_metrics(node, {"provision_s": time.monotonic() - started})
         t.set_tags(PARENT, {"ddlbench.provider": spec.provider.name})
-        return {"provider": spec.provider.name, "nodes": nodes}
+        return {"provider": spec.provider.name, "nodes": nodes, "handle": handle}
 
     return run_once(ctx, "provision", body)
 
 
 def teardown(ctx: RunContext) -> dict:
-    """Release the cluster; always runs, also after failures, and may run twice."""
+    """Release the run's cluster; always runs, also after failures and killed tasks, and may run twice."""
     spec = ctx.spec()
-    provider(spec).teardown()
+    p = provider(spec)
+    handle = cluster_handle(ctx)
+    if handle:
+        p.adopt(handle)
+    p.teardown()
     tracker(ctx).set_tags(PARENT, {"ddlbench.teardown": datetime.now(UTC).isoformat(timespec="seconds")})
-    return {"provider": spec.provider.name, "torn_down": True}
+    return {"provider": spec.provider.name, "torn_down": True, "handle": handle}
 
 
 def finish(ctx: RunContext, failed: bool = False) -> dict:

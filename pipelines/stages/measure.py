@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from pipelines.context import RunContext
-from pipelines.stages.runner import columns, provider, run_once, workload_dir
+from pipelines.stages.runner import cluster, columns, run_once, workload_dir
 from pipelines.tracking import Tracker
 
 
@@ -19,9 +19,9 @@ def microbench(ctx: RunContext) -> dict:
         from modelling.microbench import run_microbench
 
         paths = []
-        for n in sorted(spec.workers):
-            out = ctx.paths.microbench(n)
-            with provider(spec) as p:
+        with cluster(ctx) as p:
+            for n in sorted(spec.workers):
+                out = ctx.paths.microbench(n)
                 run_microbench(
                     n,
                     spec.servers,
@@ -32,8 +32,8 @@ def microbench(ctx: RunContext) -> dict:
                     timeout_s=spec.microbench.timeout_s,
                     link_bytes_per_s=spec.network.bytes_per_s,
                 )
-            t.log_artifact(node, out / "comm.json", f"w{n}")
-            paths.append(str(out / "comm.json"))
+                t.log_artifact(node, out / "comm.json", f"w{n}")
+                paths.append(str(out / "comm.json"))
         t.log_params(
             node,
             {"workers": json.dumps(sorted(spec.workers)), "servers": spec.servers, "repeats": spec.microbench.repeats},
@@ -56,7 +56,7 @@ def profile(ctx: RunContext) -> dict:
         for wl in spec.workloads:
             for batch in spec.batch_sizes:
                 name = workload_dir(wl, batch)
-                with provider(spec) as p:
+                with cluster(ctx) as p:
                     layers = profile_layers(
                         wl.model,
                         batch,

@@ -7,13 +7,17 @@ record. After a failure or a kill it runs again and reopens its own MLflow run, 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.context import RunContext
 from pipelines.spec import BenchSpec, Workload
 from pipelines.tracking import Tracker, tracker_for
+
+if TYPE_CHECKING:
+    from infra import Provider
 
 
 def write_json(path: Path, data: Any) -> Path:
@@ -68,14 +72,35 @@ def run_once(
     return result
 
 
-def provider(spec: BenchSpec) -> Any:
-    """The spec's cluster provider (a context manager that releases what it holds)."""
+def provider(spec: BenchSpec) -> Provider:
+    """The spec's cluster provider, not yet provisioned (a context manager that releases what it holds)."""
     from infra import get_provider
 
     options = dict(spec.provider.options)
     if spec.provider.name == "local":
         options.setdefault("threads_per_process", spec.train.get("threads", 1))
     return get_provider(spec.provider.name, **options)
+
+
+def cluster_handle(ctx: RunContext) -> dict[str, Any]:
+    """The handle `provision` recorded for the run's cluster; {} when there is none to share."""
+    path = ctx.paths.cluster
+    return json.loads(path.read_text())["handle"] if path.exists() else {}
+
+
+@contextmanager
+def cluster(ctx: RunContext) -> Iterator[Provider]:
+    """The run's cluster, for one task (DESIGN §5: one cluster per pipeline run): the one `provision`
+    made, adopted and left up for the next task; where the provider shares none (its handle is {},
+    e.g. local), a provider of the task's own, released when the task ends."""
+    p = provider(ctx.spec())
+    handle = cluster_handle(ctx)
+    if handle:
+        p.adopt(handle)
+        yield p
+        return
+    with p:
+        yield p
 
 
 def workload_dir(wl: Workload, batch: int) -> str:

@@ -13,7 +13,7 @@ from pipelines.context import RunContext
 from pipelines.journal import now_ms
 from pipelines.metrics import summary_metrics
 from pipelines.spec import BenchSpec, config_of, flatten, grid
-from pipelines.stages.runner import provider, run_once, tracker, write_json
+from pipelines.stages.runner import cluster, provider, run_once, tracker, write_json
 from pipelines.tracking import Tracker
 
 TRAIN_ARTIFACTS = ("config.json", "summary.json", "metrics.jsonl", "timeline.jsonl", "trace.json", "launcher.log")
@@ -25,7 +25,7 @@ _CURVES = {
 }
 _TAGGED = ("model", "dataset", "algorithm", "comm", "workers", "batch_size")
 
-Launch = Callable[[BenchSpec, Any, Path], dict[str, Any]]
+Launch = Callable[[RunContext, Any, Path], dict[str, Any]]
 # What fixes a run's data, besides its name: same values, same data (the seed orders it).
 _DATA_FIELDS = ("dataset", "input_shape", "num_classes", "data_root", "synthetic_samples")
 
@@ -64,12 +64,12 @@ def train_configs(ctx: RunContext) -> list[dict]:
     return json.loads(path.read_text())
 
 
-def launch_job(spec: BenchSpec, cfg: Any, out: Path) -> dict[str, Any]:
-    """Run the training job on the spec's cluster; its summary."""
+def launch_job(ctx: RunContext, cfg: Any, out: Path) -> dict[str, Any]:
+    """Run the training job on the run's cluster; its summary."""
     from pipelines.launch import launch
 
-    with provider(spec) as p:
-        return launch(cfg, out, p, timeout_s=spec.train_timeout_s, echo=False)
+    with cluster(ctx) as p:
+        return launch(cfg, out, p, timeout_s=ctx.spec().train_timeout_s, echo=False)
 
 
 def _metric_rows(metrics_path: Path, t0_ms: int) -> list[dict[str, Any]]:
@@ -133,7 +133,7 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
         t0 = now_ms()
         try:
             with _system_metrics(t, node, spec):
-                summary = launch(spec, cfg, out)
+                summary = launch(ctx, cfg, out)
         except JobFailed:
             t.log_artifact(node, out / "launcher.log", "training")  # why it failed, next to the run
             raise
