@@ -7,6 +7,13 @@ GPU requests, node selectors and tolerations come from the options. The job is w
 until it completes or fails (or its timeout passes), every pod's log is collected into the
 job's log file, and the Job (with its pods) and the Service are deleted.
 
+One cluster per pipeline run (DESIGN §5), as close as the API allows: a Kubernetes cluster
+outlives every process of ours and nothing of a run needs to be held between its jobs, so the
+run is a label. `provision_shared` names it (`ddlbench.io/run`, the handle `{"run", "namespace"}`),
+every Job and Service of the run carries it (each job is still an Indexed Job of its own, deleted
+when it ends), and `teardown` of the run deletes every Job and Service that still carries it
+(those of a killed task whose watchdog died too).
+
 A launcher killed outright cannot delete its Job: its watchdog does (`python -m infra.kubernetes
 delete-on-death`, started through infra/lifeline.py `watchdog`). Every Job and Service carries
 its launcher (labels `ddlbench.io/launcher-host`, `ddlbench.io/launcher-pid`, and the full
@@ -45,6 +52,7 @@ from infra.options import PlacementOptions, integer_at_least
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 JOB_LABEL = "ddlbench.io/job"
+RUN_LABEL = "ddlbench.io/run"  # the pipeline run a job belongs to (one cluster per pipeline run)
 LAUNCHER_HOST_LABEL = "ddlbench.io/launcher-host"
 LAUNCHER_PID_LABEL = "ddlbench.io/launcher-pid"
 LAUNCHER_ANNOTATION = "ddlbench.io/launcher"
@@ -142,6 +150,7 @@ class KubernetesProvider(Provider):
         self.threads = opts.threads_per_process
         self.poll_s = opts.poll_s
         self.last_job_name: str | None = None
+        self.run_label: str | None = None  # the pipeline run's label, when its jobs share one cluster
         self._api: Any = None
         self._created: list[tuple[str, str]] = []
 
@@ -152,6 +161,8 @@ class KubernetesProvider(Provider):
         per_node = self.uniform_ranks_per_node(job)
         launcher = Launcher.this()
         labels = {"app.kubernetes.io/name": "ddlbench", JOB_LABEL: name}
+        if self.run_label:
+            labels[RUN_LABEL] = self.run_label
         owner = {LAUNCHER_HOST_LABEL: _label_value(launcher.host), LAUNCHER_PID_LABEL: str(launcher.pid)}
         annotations = {LAUNCHER_ANNOTATION: launcher.tag()}
         service = {
@@ -266,6 +277,26 @@ class KubernetesProvider(Provider):
         self.delete_orphans()
         return [Node(f"index-{i}", f"<job>-{i}.<job>.{self.namespace}") for i in range(self.nodes)]
 
+    def provision_shared(self, owner: int | None = None) -> list[Node]:
+        """The run's label, for every job of the pipeline run; the API server checked."""
+        nodes = self.provision()
+        self.run_label = self.run_label or f"{self.name_prefix}-run-{secrets.token_hex(4)}"
+        return nodes
+
+    def handle(self) -> dict[str, Any]:
+        return {"run": self.run_label, "namespace": self.namespace} if self.run_label else {}
+
+    def adopt(self, handle: dict[str, Any]) -> None:
+        if not handle:
+            return
+        run, namespace = handle.get("run"), handle.get("namespace")
+        if not isinstance(run, str) or not run or _label_value(run) != run:
+            raise ProviderError(f"kubernetes: not a kubernetes run handle: {handle}")
+        if namespace != self.namespace:
+            raise ProviderError(f"provider.options.namespace: the run's jobs are in {namespace!r}, "
+                                f"the options give {self.namespace!r}")
+        self.run_label = run
+
     def run(self, job: Job, echo: bool = True) -> JobResult:
         name = f"{self.name_prefix}-{secrets.token_hex(4)}"
         service, k8s_job = self.objects(job, name)
@@ -373,6 +404,12 @@ class KubernetesProvider(Provider):
     def teardown(self) -> None:
         for name in {obj for _, obj in self._created}:
             self.delete(name)
+        if self.run_label:  # the run's: every Job (and its Service) still labelled with it
+            selector = f"{RUN_LABEL}={self.run_label}"
+            for k8s_job in self._client()[1].list_namespaced_job(self.namespace, label_selector=selector).items:
+                name = k8s_job.metadata.name
+                self._created += [("job", name), ("service", name)]
+                self.delete(name)
 
 
 def main() -> None:

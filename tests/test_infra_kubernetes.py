@@ -292,7 +292,7 @@ def run_through(server: FakeApiServer, tmp_path: Path, timeout_s: float | None =
     job = Job(
         module="training.run",
         args=[str(tmp_path)],
-        world_size=2,
+        world_size=8,  # 2 nodes x gpus_per_node 4: one worker per device
         log_path=tmp_path / "launcher.log",
         timeout_s=timeout_s,
     )
@@ -341,6 +341,44 @@ def test_the_active_deadline_counts_as_a_timeout(api_server, tmp_path):
     _, result = run_through(api_server, tmp_path)
     assert result.timed_out and not result.ok
     assert api_server.objects == {}
+
+
+@pytest.mark.parametrize("api_server", [("succeed", 2)], indirect=True)
+def test_one_run_label_for_a_pipeline_runs_jobs_and_its_teardown_deletes_what_carries_it(api_server, tmp_path):
+    """One cluster per pipeline run: `provision` names the run, a task in another process adopts
+    its handle, its Job and Service carry the run's label, and the run's teardown deletes every
+    Job and Service still labelled with it (left by a task killed with its watchdog), only those."""
+    from infra.kubernetes import RUN_LABEL
+
+    options = provider_options(api_server=api_server.url, poll_s=0.05)
+    provisioner = KubernetesProvider(**options)
+    provisioner.provision_shared()
+    handle = provisioner.handle()
+    assert handle == {"run": provisioner.run_label, "namespace": "bench"} and json.loads(json.dumps(handle)) == handle
+    with pytest.raises(ProviderError, match="provider.options.namespace: the run's jobs are in 'bench'"):
+        KubernetesProvider(**options | {"namespace": "other"}).adopt(handle)
+
+    task = KubernetesProvider(**options)
+    task.adopt(handle)
+    job = Job(module="training.run", args=[str(tmp_path)], world_size=8, log_path=tmp_path / "launcher.log")
+    for obj in task.objects(job, "ddlbench-left"):
+        assert obj["metadata"]["labels"][RUN_LABEL] == handle["run"]
+    assert task.objects(job, "x")[1]["spec"]["template"]["metadata"]["labels"][RUN_LABEL] == handle["run"]
+    assert task.run(job, echo=False).ok
+    assert api_server.objects == {}  # the job's own objects went with it
+
+    api = client.ApiClient(client.Configuration(host=api_server.url))
+    left_service, left_job = task.objects(job, "ddlbench-left")
+    client.CoreV1Api(api).create_namespaced_service("bench", left_service)
+    client.BatchV1Api(api).create_namespaced_job("bench", left_job)
+    _, others = KubernetesProvider(**options).objects(job, "ddlbench-other")  # no run label: not this run's
+    client.BatchV1Api(api).create_namespaced_job("bench", others)
+
+    released = KubernetesProvider(**options)
+    released.adopt(handle)
+    released.teardown()
+    released.teardown()  # again: nothing left, no error
+    assert set(api_server.objects) == {("jobs", "bench", "ddlbench-other")}
 
 
 def test_the_rbac_role_allows_every_call_the_provider_makes():
