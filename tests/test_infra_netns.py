@@ -285,3 +285,91 @@ def test_a_node_dropping_off_the_network_fails_the_job_in_bounded_time(tmp_path)
     assert not failed.value.result.timed_out
     assert elapsed < op_timeout_s + 20
     assert_gone(provider, tmp_path)
+
+
+# -- one cluster per pipeline run: a keeper owns it, other processes adopt its handle ---------
+def _provision_shared_elsewhere(**options) -> dict:
+    """A process that provisions a shared cluster and exits at once, as Airflow's provision task
+    does; the cluster's handle."""
+    code = (
+        "import json, sys; from infra.netns import NetnsProvider\n"
+        "p = NetnsProvider(**json.loads(sys.argv[1])); p.provision_shared(); print(json.dumps(p.handle()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(options)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+def _keeper_pid(handle: dict) -> int:
+    return int(handle["keeper"].split(".")[-2])
+
+
+def _alive(pid: int) -> bool:
+    from infra.lifeline import Launcher
+
+    return Launcher.of(pid).start != 0
+
+
+@pytest.mark.netns
+@needs_root
+def test_a_shared_cluster_outlives_its_provisioner_until_the_adopters_teardown():
+    handle = _provision_shared_elsewhere(nodes=2, bandwidth="200mbit")
+    keeper = _keeper_pid(handle)
+    names = [n["name"] for n in handle["nodes"]]
+    assert names == [f"ddlb-{keeper}-{handle['tag']}-{i}" for i in range(2)]  # owned by the keeper
+    assert set(names) <= namespaces() and _alive(keeper)
+    cleanup_stale()  # another provider's sweep: a live keeper's cluster is not stale
+    assert set(names) <= namespaces()
+
+    task = NetnsProvider(nodes=2, bandwidth="200mbit")
+    task.adopt(handle)
+    assert [n.name for n in task.provision()] == names and task.handle() == handle
+    qdisc = subprocess.run(["tc", "-n", names[1], "qdisc", "show", "dev", task.ifname(1)],
+                           capture_output=True, text=True, check=True).stdout
+    assert "rate 200Mbit" in qdisc
+    with pytest.raises(ProviderError, match="provider.options.nodes: the run's cluster .* has 2 nodes, .* give 3"):
+        NetnsProvider(nodes=3).adopt(handle)
+
+    released = NetnsProvider(nodes=2)
+    released.adopt(handle)
+    released.teardown()
+    released.teardown()  # teardown may run twice
+    assert not set(names) & namespaces() and handle["tag"] not in links() and not _alive(keeper)
+    late = NetnsProvider(nodes=2)
+    late.adopt(handle)
+    with pytest.raises(ProviderError, match=rf"netns: the run's cluster {handle['tag']} is gone: its keeper"):
+        late.provision()
+
+
+@pytest.mark.netns
+@needs_root
+def test_a_killed_keeper_leaves_a_stale_cluster_that_cleanup_removes():
+    handle = _provision_shared_elsewhere(nodes=2)
+    os.kill(_keeper_pid(handle), 9)
+    deadline = time.monotonic() + 10
+    while _alive(_keeper_pid(handle)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    removed = cleanup_stale()
+    assert sorted(n for n in removed if handle["tag"] in n) == [n["name"] for n in handle["nodes"]]
+    assert handle["tag"] not in links()
+
+
+@pytest.mark.netns
+@needs_root
+def test_the_keeper_removes_the_cluster_past_its_lease_or_when_its_owner_dies():
+    leased = _provision_shared_elsewhere(nodes=2, lease_s=1)
+    code = (
+        "import os; from infra.netns import NetnsProvider; import time; p = NetnsProvider(nodes=2)\n"
+        "p.provision_shared(owner=os.getpid()); print(p.tag, flush=True); time.sleep(120)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    tag = owner.stdout.readline().strip()
+    assert len([n for n in namespaces() if tag in n]) == 2
+    owner.kill()  # the one `ddlbench run` process, killed outright
+    owner.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(t in links() for t in (tag, leased["tag"])):
+        time.sleep(0.1)
+    for gone in (tag, leased["tag"]):
+        assert not any(gone in n for n in namespaces()) and gone not in links()
+    assert not _alive(_keeper_pid(leased))
