@@ -30,12 +30,12 @@ def cli() -> None:
 
 
 def provider_options(name: str, nodes: int | None, bandwidth: str | None, placement: str | None,
-                     sets: tuple[str, ...], threads: int) -> dict[str, Any]:
+                     sets: tuple[str, ...]) -> dict[str, Any]:
     """The provider options of `ddlbench train`, as a spec's `provider.options` would give them:
     checked by the provider's options model (click.UsageError naming the option)."""
     import yaml
 
-    from infra import ProviderError, provider_options_model, validate_provider_options
+    from infra import ProviderError, validate_provider_options
 
     options: dict[str, Any] = {}
     for item in sets:
@@ -46,8 +46,6 @@ def provider_options(name: str, nodes: int | None, bandwidth: str | None, placem
     given = {"nodes": nodes, "bandwidth": bandwidth, "placement": placement}
     options |= {k: v for k, v in given.items() if v is not None}
     try:
-        if "threads_per_process" in provider_options_model(name).model_fields:
-            options.setdefault("threads_per_process", threads)
         validate_provider_options(name, options)
     except ProviderError as err:
         raise click.UsageError(str(err)) from None
@@ -56,11 +54,12 @@ def provider_options(name: str, nodes: int | None, bandwidth: str | None, placem
 
 def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, provider: str, nodes: int | None,
            bandwidth: str | None, placement: str | None, provider_sets: tuple[str, ...], **options: Any) -> None:
-    from infra import ProviderError, get_provider
+    from infra import ProviderError, get_provider, provider_options_model
     from pipelines.launch import JobFailed, OutputError, launch, prepare
     from pipelines.report_console import print_summary
     from training.run import EXIT_DIVERGED
 
+    opts = provider_options(provider, nodes, bandwidth, placement, provider_sets)  # checked before torch loads
     try:
         values, source = config_values(config, options)
         if bandwidth is not None:  # the link's known rate travels with the results
@@ -68,7 +67,8 @@ def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, p
         cfg = prepare(values, source)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
-    opts = provider_options(provider, nodes, bandwidth, placement, provider_sets, cfg.threads)
+    if "threads_per_process" in provider_options_model(provider).model_fields:
+        opts.setdefault("threads_per_process", cfg.threads)
     try:
         cluster = get_provider(provider, **opts)
         cluster.place(cfg.workers, cfg.servers)  # before anything is provisioned

@@ -373,3 +373,45 @@ def test_the_keeper_removes_the_cluster_past_its_lease_or_when_its_owner_dies():
     for gone in (tag, leased["tag"]):
         assert not any(gone in n for n in namespaces()) and gone not in links()
     assert not _alive(_keeper_pid(leased))
+
+
+DDLBENCH = str(Path(sys.executable).with_name("ddlbench"))
+TINY_PS = ["--model", "lenet5", "--dataset", "digits", "--algorithm", "ssgd", "--comm", "ps", "--workers", "2",
+           "--servers", "1", "--batch-size", "16", "--steps", "6", "--measure-warmup", "1", "--quiet"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--provider", "netns", "--nodes", "0"], "provider.options.nodes: expected a positive integer, got 0"),
+    (["--provider", "netns", "--bandwidth", "100"], "provider.options.bandwidth: expected a positive rate"),
+    (["--bandwidth", "1gbit"], "provider.options: unexpected keyword argument 'bandwidth'"),
+    (["--provider", "netns", "--provider-option", "gpus=1"], "provider.options: unexpected keyword argument 'gpus'"),
+    (["--provider", "netns", "--nodes", "2", "--placement", "dedicated", "--provider-option", "server_nodes=2"],
+     "provider.options.server_nodes: dedicated shards need 1 to 1 of the 2 nodes"),
+])
+def test_ddlbench_train_refuses_bad_provider_options_naming_them(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from pipelines.cli import cli
+
+    done = CliRunner().invoke(cli, ["train", *TINY_PS, *args, "--out", str(tmp_path / "out")])
+    assert done.exit_code == 2, done.output
+    assert message in done.output
+    assert not (tmp_path / "out").exists()  # nothing launched
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_root
+def test_ddlbench_train_runs_one_job_on_a_netns_cluster(tmp_path):
+    before = namespaces()
+    out = tmp_path / "out"
+    done = subprocess.run([DDLBENCH, "train", *TINY_PS, "--provider", "netns", "--nodes", "2",
+                           "--bandwidth", "200mbit", "--placement", "colocated", "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 6 and summary["servers"] == 1
+    assert summary["placement"] == {"policy": "colocated", "nodes": 2, "workers_per_node": [1, 1],
+                                    "servers_per_node": [1, 0], "node_of_rank": [0, 1, 0]}
+    assert summary["environment"]["link_bandwidth"] == "200mbit"
+    assert not {n for n in namespaces() - before if n.startswith("ddlb-")}  # torn down
