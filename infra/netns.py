@@ -14,9 +14,10 @@ provider that finds namespaces of a dead owner (a SIGKILLed run) removes them.
 The owner is the provisioning process, or, for a cluster that the tasks of one
 pipeline run share (`provision_shared`; Airflow tasks are short processes of their
 own), a keeper: `python -m infra.netns keep`, in a session of its own, which lives
-until teardown stops it. Past its lease (`lease_s`), or once the process it is told
-to watch has died (the one `ddlbench run` process), the keeper removes the cluster
-itself; a keeper killed outright leaves a dead owner's cluster, which the next
+until teardown stops it. If the provisioning process dies before the cluster is
+built, past its lease (`lease_s`), or once the process it is told to watch has died
+(the one `ddlbench run` process), the keeper removes the cluster itself; a keeper
+killed outright leaves a dead owner's cluster, which the next
 provision or `ddlbench cleanup` removes. Other processes use the cluster through its
 `handle()` (tag, keeper, nodes) and `adopt()`.
 """
@@ -239,12 +240,17 @@ class NetnsProvider(Provider):
             return self.provision()
         argv = [sys.executable, "-m", "infra.netns", "keep", self.tag, str(self.nodes),
                 str(self.options.lease_s), str(owner or 0)]
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        # its stdin stays ours until the cluster is built: should we die before, the keeper removes it
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True, env=importable_env())
         self._keeper_proc = proc
         self._keeper = Launcher.of(proc.pid)
         self.owner_pid = proc.pid
-        return self.provision()
+        nodes = self.provision()
+        assert proc.stdin is not None
+        proc.stdin.write(b"d")  # handed over: from now on teardown, the lease or `owner` ends it
+        proc.stdin.close()
+        return nodes
 
     def handle(self) -> dict[str, Any]:
         """{tag, keeper (host.pid.start), nodes [{name, address}], bandwidth}; {} for a cluster that
@@ -344,6 +350,8 @@ class NetnsProvider(Provider):
         os.kill(keeper.pid, signal.SIGTERM)
         if proc is not None:
             proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
             return
         try:
             os.waitpid(keeper.pid, 0)  # our child: the `ddlbench run` process that provisioned
@@ -359,18 +367,22 @@ def _namespaces() -> set[str]:
 
 def keep(tag: str, nodes: int, lease_s: float, owner: int) -> None:
     """A shared cluster's keeper: its pid is in the cluster's names, so the cluster is live while it
-    runs. Teardown ends it (SIGTERM); past the lease, or once `owner` (when not 0) has died, it
-    removes the cluster itself."""
+    runs. Teardown ends it (SIGTERM). It removes the cluster itself if the provisioning process dies
+    before the cluster is built (its stdin closes without the byte "d" that hands the cluster over),
+    past the lease, or once `owner` (when not 0) has died."""
+    deadline = time.monotonic() + lease_s
+    handed_over = select.select([sys.stdin], [], [], lease_s)[0] and sys.stdin.buffer.read(1) == b"d"
+    left = max(0.0, deadline - time.monotonic()) if handed_over else 0.0
     fd = None
-    if owner:
+    if owner and left:
         try:
             fd = os.pidfd_open(owner)
         except ProcessLookupError:
-            lease_s = 0
+            left = 0.0
     if fd is not None:
-        select.select([fd], [], [], lease_s)  # readable once the owner has exited
+        select.select([fd], [], [], left)  # readable once the owner has exited
     else:
-        time.sleep(lease_s)
+        time.sleep(left)
     _remove_cluster(tag, [f"{_PREFIX}-{os.getpid()}-{tag}-{i}" for i in range(nodes)])
 
 

@@ -417,3 +417,148 @@ def test_sigterm_to_a_training_task_kills_its_process_group(airflow_home: Path, 
     assert proc.returncode != 0
     assert "AirflowTaskTerminated: received signal SIGTERM; stopping the training job" in err
     assert job() == []
+
+
+# -- on a netns cluster: one cluster per pipeline run ----------------------------------------
+NIGHTLY_CPU = REPO / "specs" / "nightly-cpu.yaml"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="netns tests need root (network namespaces)")
+JOB_KINDS = ("microbench", "profile", "train")
+
+
+def netns_overrides(nodes: int, **more: Any) -> dict[str, Any]:
+    """nightly-cpu on a netns cluster, small: mlp at 2 workers, every algorithm, a few steps, one
+    repeat, the microbenchmark and the profile at their least."""
+    return {
+        "provider.name": "netns",
+        "provider.options": {"nodes": nodes, "bandwidth": "1gbit"},
+        "network.link_bandwidth": "1gbit",
+        "workloads": [{"model": "mlp", "dataset": "digits"}],
+        "workers": [2], "steps": 12, "repeats": 1, "train.measure_warmup": 2, "train.eval_every": 0,
+        "microbench.sizes": [4096, 65536, 1048576], "microbench.repeats": 1,
+        "profile.warmup": 1, "profile.repeats": 2, "what_if.workers": [4], "tracking.system_metrics": False,
+    } | more
+
+
+def _netns() -> dict[int, str]:
+    """The ddlbench namespaces on this host, by their inode (what /proc/PID/ns/net points to)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found = {}
+    for name in (line.split()[0] for line in out.splitlines() if line.startswith("ddlb-")):
+        try:
+            found[os.stat(f"/run/netns/{name}").st_ino] = name
+        except OSError:  # removed meanwhile
+            continue
+    return found
+
+
+class ClusterWatch:
+    """Samples, while a DAG run goes on, the namespaces that exist and the one each job process
+    of the run (its run directory in the command line) runs in, by the kind of job."""
+
+    def __init__(self, home: Path) -> None:
+        import threading
+
+        self.marker = str(home / "runs")
+        self.existed: set[str] = set()
+        self.used: dict[str, set[str]] = {k: set() for k in JOB_KINDS}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> ClusterWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.3):
+            names = _netns()
+            self.existed |= set(names.values())
+            for p in psutil.process_iter(["cmdline"]):
+                try:
+                    cmd = " ".join(p.info["cmdline"] or [])
+                    kind = next((k for k in JOB_KINDS if f"{self.marker}/" in cmd and f"/{k}/" in cmd), None)
+                    if kind and (name := names.get(os.stat(f"/proc/{p.pid}/ns/net").st_ino)):
+                        self.used[kind].add(name)
+                except (psutil.Error, OSError):
+                    continue
+
+
+def _assert_released(handle: dict[str, Any]) -> None:
+    from infra.lifeline import Launcher
+
+    assert not {n for n in _netns().values() if handle["tag"] in n}
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert handle["tag"] not in links
+    assert not Launcher.parse(handle["keeper"]).alive()
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_root
+@pytest.mark.timeout(900)
+def test_nightly_on_a_netns_cluster_provisions_once_and_runs_every_algorithm(airflow_home: Path,
+                                                                            tmp_path: Path) -> None:
+    from pipelines.spec import grid, load_spec
+
+    overrides = netns_overrides(2)
+    with ClusterWatch(tmp_path) as watch:
+        dag_run, tis = _run_dag(airflow_home, "ddlbench_nightly",
+                                {"spec_path": str(NIGHTLY_CPU), "home": str(tmp_path), "overrides": overrides})
+    states = {(t["task_id"], t["name"]): t["state"] for t in tis}
+    assert str(dag_run.state) == "success", states
+    ctx = _ctx_of(tmp_path)
+    run_dir = Path(ctx["run_dir"])
+    handle = json.loads((run_dir / "cluster.json").read_text())["handle"]
+    assert json.loads((run_dir / "steps" / "provision.json").read_text())["handle"] == handle
+    cluster = {n["name"] for n in handle["nodes"]}
+    keeper = handle["keeper"].split(".")[-2]
+    assert cluster == {f"ddlb-{keeper}-{handle['tag']}-{i}" for i in range(2)}
+    # every job of the run ran on the one cluster: no task provisioned one of its own
+    assert watch.used == {k: cluster for k in JOB_KINDS}, watch.used
+    assert not {n for n in watch.existed if n.startswith(f"ddlb-{os.getpid()}-")}
+    _assert_released(handle)
+
+    keys = [e["key"] for e in grid(load_spec(NIGHTLY_CPU, overrides))]
+    assert len(keys) == 5  # ssgd over allreduce and ps, asgd, odsgd with and without compensation
+    runs = _runs(ctx)
+    trained = {r.data.tags["ddlbench.config_key"]: r for r in runs if "ddlbench.config_key" in r.data.tags}
+    assert sorted(trained) == sorted(keys)
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    for key in keys:
+        summary = json.loads((run_dir / "train" / key / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["steps"] == 12, key
+        assert summary["placement"]["nodes"] == 2 and summary["placement"]["workers_per_node"] == [1, 1], key
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_root
+@pytest.mark.timeout(600)
+def test_nightly_on_a_netns_cluster_tears_it_down_after_a_failed_train_task(airflow_home: Path,
+                                                                           tmp_path: Path) -> None:
+    """A training task killed by its execution_timeout fails; teardown still releases the cluster."""
+    overrides = netns_overrides(2, algorithms=[{"name": "ssgd", "comm": "allreduce",
+                                                "options": {"inject_delay_ms": 60000}}])
+
+    def short_timeout(dag: Any) -> None:
+        train = dag.get_task("train")
+        train.execution_timeout = timedelta(seconds=20)
+        train.retries = 0
+
+    with ClusterWatch(tmp_path) as watch:
+        dag_run, tis = _run_dag(airflow_home, "ddlbench_nightly",
+                                {"spec_path": str(NIGHTLY_CPU), "home": str(tmp_path), "overrides": overrides},
+                                change=short_timeout, mark_success_pattern="microbench|profile|fit|predict")
+    states = {t["task_id"]: t["state"] for t in tis}
+    assert states["provision"] == "success" and states["train"] == "failed", states
+    assert states["teardown"] == "success" and str(dag_run.state) == "failed"
+    handle = json.loads((Path(_ctx_of(tmp_path)["run_dir"]) / "cluster.json").read_text())["handle"]
+    assert {n["name"] for n in handle["nodes"]} <= watch.existed  # it was up while train ran
+    assert watch.used["train"] <= {n["name"] for n in handle["nodes"]}
+    _assert_released(handle)
+    assert all(r.info.status != "RUNNING" for r in _runs(_ctx_of(tmp_path)))

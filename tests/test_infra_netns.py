@@ -415,3 +415,17 @@ def test_ddlbench_train_runs_one_job_on_a_netns_cluster(tmp_path):
                                     "servers_per_node": [1, 0], "node_of_rank": [0, 1, 0]}
     assert summary["environment"]["link_bandwidth"] == "200mbit"
     assert not {n for n in namespaces() - before if n.startswith("ddlb-")}  # torn down
+
+
+@pytest.mark.netns
+@needs_root
+def test_a_keeper_whose_provisioner_dies_before_handing_the_cluster_over_removes_it():
+    tag = "c0ffee"
+    keeper = subprocess.Popen([sys.executable, "-m", "infra.netns", "keep", tag, "1", "600", "0"],
+                              stdin=subprocess.PIPE, cwd=ROOT)
+    name = f"ddlb-{keeper.pid}-{tag}-0"
+    subprocess.run(["ip", "netns", "add", name], check=True)  # what the provisioner had built
+    assert name in namespaces()
+    keeper.stdin.close()  # the provisioner died: no "d" came
+    assert keeper.wait(60) == 0
+    assert name not in namespaces()
