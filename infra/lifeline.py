@@ -92,7 +92,12 @@ class Launcher:
 
     @classmethod
     def this(cls) -> Launcher:
-        return cls(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()) or 0)
+        return cls.of(os.getpid())
+
+    @classmethod
+    def of(cls, pid: int) -> Launcher:
+        """The process `pid` of this host."""
+        return cls(socket.gethostname(), pid, _start_ticks(pid) or 0)
 
     def tag(self) -> str:
         return f"{self.host}.{self.pid}.{self.start}"
