@@ -304,15 +304,17 @@ def test_a_job_whose_launcher_and_watchdog_died_is_cancelled_by_ddlbench_cleanup
 
 
 def _link_bound_s(summary: dict, rate_bps: int) -> float:
-    """The least time per step the shaped links allow: the bytes per step that leave the busiest
-    node, over the link's rate, from the workers' byte counts and the recorded placement. A PS
-    worker splits its pushes (sent) and pulls (received) evenly over the shards, and only what
-    goes to or comes from another node's shard crosses a link; an allreduce worker alone on its
-    node sends every byte to the other nodes."""
+    """The least time per step the shaped links allow, from the workers' byte counts and the
+    recorded placement: the bytes a step sends out of the busiest node over the link's rate.
+    A PS worker splits its pushes (sent) and pulls (received) evenly over the shards, and only
+    what goes to or comes from another node's shard crosses a link; an allreduce worker alone
+    on its node sends every byte to the other nodes. Synchronous PS pulls only after every push
+    has arrived, so a worker's remote pushes and pulls also take their sum, one after the other."""
     placement = Placement.from_dict(summary["placement"])
     sent = {int(r): b for r, b in summary["bytes_sent"].items()}
     received = {int(r): b for r, b in summary["bytes_received"].items()}
     leaving = [0.0] * placement.nodes
+    in_turn = [0.0]
     for w in range(placement.workers):
         node = placement.node_of_rank[w]
         if not placement.servers:
@@ -320,17 +322,20 @@ def _link_bound_s(summary: dict, rate_bps: int) -> float:
             leaving[node] += sent[w]
             continue
         remote = [s for s in range(placement.workers, placement.world_size) if not placement.same_node(w, s)]
-        leaving[node] += sent[w] * len(remote) / placement.servers
+        pushed, pulled = sent[w] * len(remote) / placement.servers, received[w] * len(remote) / placement.servers
+        leaving[node] += pushed
         for s in remote:
             leaving[placement.node_of_rank[s]] += received[w] / placement.servers
-    return max(leaving) / summary["steps"] / (rate_bps / 8)
+        if summary["algorithm"] == "ssgd":
+            in_turn.append(pushed + pulled)
+    return max(leaving + in_turn) / summary["steps"] / (rate_bps / 8)
 
 
 def _mlp_config(**overrides):
     from pipelines.launch import prepare
 
     # mlp: 8.7 MB of parameters a step, compute a few ms: the shaped link sets the pace
-    base = {"model": "mlp", "dataset": "digits", "workers": 2, "batch_size": 16, "steps": 20, "measure_warmup": 4,
+    base = {"model": "mlp", "dataset": "digits", "workers": 2, "batch_size": 16, "steps": 12, "measure_warmup": 2,
             "timeout_s": 120}
     return prepare(base | overrides, "test")
 
@@ -352,7 +357,7 @@ def test_allreduce_across_two_slurm_nodes_crosses_the_shaped_link(tmp_path):
     with _multi_provider() as provider:
         summary = launch(_mlp_config(), tmp_path, provider, timeout_s=240, echo=False)
         assert provider.final_state(provider.last_job_id) == ("COMPLETED", 0)
-    assert summary["status"] == "completed" and summary["steps"] == 20
+    assert summary["status"] == "completed" and summary["steps"] == 12
     assert summary["placement"] == {"policy": "colocated", "nodes": 2, "workers_per_node": [1, 1],
                                     "servers_per_node": [0, 0], "node_of_rank": [0, 1]}
     assert json.loads((tmp_path / "placement.json").read_text())["node_of_rank"] == [0, 1]
@@ -361,9 +366,10 @@ def test_allreduce_across_two_slurm_nodes_crosses_the_shaped_link(tmp_path):
 
 @pytest.mark.slow
 @needs_multi
-def test_ps_with_colocated_shards_as_steps_of_a_run_allocation(tmp_path):
-    """2 workers + 2 shards, a shard beside each worker (4 agents on 2 nodes), run as steps of
-    the allocation a pipeline run holds: one process provisions it, another adopts its handle."""
+def test_ps_with_a_colocated_shard_as_steps_of_a_run_allocation(tmp_path):
+    """2 workers + 1 shard beside worker 0 (node0 runs 2 ranks, node1 one: 3 agents), run as
+    steps of the allocation a pipeline run holds: one process provisions it, another adopts its
+    handle. Worker 1's pushes and pulls cross the link; worker 0's stay on node0."""
     from pipelines.launch import launch
 
     owner = _multi_provider()
@@ -373,17 +379,17 @@ def test_ps_with_colocated_shards_as_steps_of_a_run_allocation(tmp_path):
         assert handle["nodes"] == ["snode0", "snode1"]
         task = _multi_provider()
         task.adopt(handle)
-        summary = launch(_mlp_config(comm="ps", servers=2), tmp_path, task, timeout_s=240, echo=False)
+        summary = launch(_mlp_config(comm="ps", servers=1), tmp_path, task, timeout_s=240, echo=False)
         assert task.queue_state(handle["job_id"]) == "RUNNING"  # the allocation outlives the job
     finally:
         owner.teardown()
     assert owner.queue_state(handle["job_id"]) not in ("RUNNING", "PENDING")
     with pytest.raises(ProviderError, match=f"allocation \\(job {handle['job_id']}\\) is .*not RUNNING"):
         _multi_provider().adopt(handle)
-    assert summary["status"] == "completed" and summary["comm"] == "ps" and summary["servers"] == 2
+    assert summary["status"] == "completed" and summary["comm"] == "ps" and summary["servers"] == 1
     assert summary["placement"] == {"policy": "colocated", "nodes": 2, "workers_per_node": [1, 1],
-                                    "servers_per_node": [1, 1], "node_of_rank": [0, 1, 0, 1]}
-    _assert_paced_by_the_link(summary, "ps 2+2 colocated, 2 nodes")
+                                    "servers_per_node": [1, 0], "node_of_rank": [0, 1, 0]}
+    _assert_paced_by_the_link(summary, "ps 2+1 colocated, 2 nodes")
 
 
 @pytest.mark.slow
@@ -404,3 +410,59 @@ def test_a_failing_agent_fails_the_whole_two_node_job_at_once(tmp_path):
     assert [f["rank"] for f in result.failed_ranks] == [1]
     assert "ZeroDivisionError" in result.log_path.read_text()
     assert not subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@needs_multi
+def test_sigkill_of_a_launcher_ends_its_steps_but_not_the_run_allocation(tmp_path):
+    """A task's launcher killed outright: its steps' ranks are gone within 10 s; the run's
+    allocation stays for the run's other tasks until teardown."""
+    marker = f"time.sleep(600.{time.time_ns() % 10**6})"
+    owner = _multi_provider()
+    owner.provision_shared()
+    handle = owner.handle()
+    code = (
+        "import json, sys; from pathlib import Path; from infra import Job; from infra.slurm import SlurmProvider\n"
+        "p = SlurmProvider(nodes=2, slurm_conf=sys.argv[3], network_interface='eth0')\n"
+        "p.adopt(json.loads(sys.argv[4]))\n"
+        "job = Job(module='timeit', args=['-n', '1', '-r', '1', '-s', 'import time', sys.argv[1]], world_size=2,\n"
+        "          log_path=Path(sys.argv[2]))\n"
+        "p.run(job, echo=False)\n"
+    )
+    argv = [sys.executable, "-c", code, marker, str(tmp_path / "launcher.log"), str(MULTI_CONF), json.dumps(handle)]
+    launcher = subprocess.Popen(argv, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while len([p for p in _ranks(marker) if "srun" not in p.info["cmdline"][0]]) < 4:  # 2 agents, 2 ranks
+            assert launcher.poll() is None and time.monotonic() < deadline, "the job's ranks never started"
+            time.sleep(0.2)
+        launcher.kill()
+        launcher.wait()
+        t0 = time.monotonic()
+        while _ranks(marker) and time.monotonic() - t0 < 10:
+            time.sleep(0.2)
+        assert _ranks(marker) == []
+        print(f"steps' ranks gone {time.monotonic() - t0:.1f} s after their launcher's SIGKILL")
+        assert owner.queue_state(handle["job_id"]) == "RUNNING"
+    finally:
+        launcher.kill()
+        owner.teardown()
+
+
+@needs_multi
+def test_a_run_allocation_whose_owner_died_is_cancelled_as_an_orphan():
+    from infra.slurm import cancel_orphans
+
+    owner_process = subprocess.Popen(["sleep", "600"])
+    provider = _multi_provider()
+    try:
+        provider.provision_shared(owner=owner_process.pid)
+        job_id = provider.handle()["job_id"]
+        assert job_id not in cancel_orphans(MULTI_CONF)  # its owner lives
+        owner_process.kill()
+        owner_process.wait()
+        assert cancel_orphans(MULTI_CONF) == [job_id]
+    finally:
+        owner_process.kill()
+        provider.teardown()
