@@ -289,13 +289,18 @@ class SlurmProvider(Provider):
             raise ProviderError(f"slurm: sbatch refused the run's allocation: {proc.stderr.strip()}")
         job_id = proc.stdout.strip().split(";")[0]
         deadline = time.monotonic() + self.options.queue_timeout_s
-        while (state := self.queue_state(job_id)) != "RUNNING":
-            if state not in _ACTIVE or time.monotonic() > deadline:
-                self.cancel(job_id)
-                why = f"ended {state}" if state not in _ACTIVE else f"still {state}"
-                raise ProviderError(f"slurm: the run's allocation (job {job_id}) {why} after "
-                                    f"{self.options.queue_timeout_s:g} s (provider.options.queue_timeout_s)")
-            time.sleep(self.poll_s)
+        try:
+            while (state := self.queue_state(job_id)) != "RUNNING":
+                if state not in _ACTIVE:
+                    raise ProviderError(f"slurm: the run's allocation (job {job_id}) ended before it ran "
+                                        f"({state or 'it left the queue'})")
+                if time.monotonic() > deadline:
+                    raise ProviderError(f"slurm: the run's allocation (job {job_id}) is still {state} after "
+                                        f"{self.options.queue_timeout_s:g} s (provider.options.queue_timeout_s)")
+                time.sleep(self.poll_s)
+        except BaseException:  # interrupted too: an allocation nobody holds must not stay queued
+            self.cancel(job_id)
+            raise
         listed = self._cmd("squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip()
         names = self._cmd("scontrol", "show", "hostnames", listed).stdout.split()
         self._nodes = [Node(n, n) for n in names]

@@ -309,12 +309,14 @@ def _link_bound_s(summary: dict, rate_bps: int) -> float:
     A PS worker splits its pushes (sent) and pulls (received) evenly over the shards, and only
     what goes to or comes from another node's shard crosses a link; an allreduce worker alone
     on its node sends every byte to the other nodes. Synchronous PS pulls only after every push
-    has arrived, so a worker's remote pushes and pulls also take their sum, one after the other."""
+    has arrived, so a worker's remote pushes and pulls take their sum, one after the other, and
+    so do a shard's pushes from and pulls to remote workers."""
     placement = Placement.from_dict(summary["placement"])
     sent = {int(r): b for r, b in summary["bytes_sent"].items()}
     received = {int(r): b for r, b in summary["bytes_received"].items()}
     leaving = [0.0] * placement.nodes
-    in_turn = [0.0]
+    in_turn: list[float] = []
+    shard_turn = dict.fromkeys(range(placement.workers, placement.world_size), 0.0)
     for w in range(placement.workers):
         node = placement.node_of_rank[w]
         if not placement.servers:
@@ -326,8 +328,12 @@ def _link_bound_s(summary: dict, rate_bps: int) -> float:
         leaving[node] += pushed
         for s in remote:
             leaving[placement.node_of_rank[s]] += received[w] / placement.servers
-        if summary["algorithm"] == "ssgd":
-            in_turn.append(pushed + pulled)
+            shard_turn[s] += (sent[w] + received[w]) / placement.servers
+        in_turn.append(pushed + pulled)
+    if summary["algorithm"] != "ssgd":  # asynchronous PS: pushes and pulls of a step may overlap
+        in_turn = []
+    elif placement.servers:
+        in_turn += shard_turn.values()
     return max(leaving + in_turn) / summary["steps"] / (rate_bps / 8)
 
 
@@ -466,3 +472,9 @@ def test_a_run_allocation_whose_owner_died_is_cancelled_as_an_orphan():
     finally:
         owner_process.kill()
         provider.teardown()
+
+
+@needs_multi
+def test_an_allocation_the_cluster_refuses_is_a_clear_error():
+    with pytest.raises(ProviderError, match="slurm: sbatch refused the run's allocation: .*gres"):
+        _multi_provider(gpus_per_node=1).provision_shared()
