@@ -231,7 +231,7 @@ class SlurmProvider(Provider):
         background step per torchrun agent of the job's placement, then the first failure's status."""
         agents = self.place_job(job).agents()
         directives = [
-            f"--job-name=ddlbench-{job.module.rsplit('.', 1)[-1]}",
+            _job_name(job),
             *self._resources(),
             f"--output={job.log_path.resolve()}",
             "--open-mode=append",
@@ -339,7 +339,7 @@ class SlurmProvider(Provider):
         for i, agent in enumerate(agents):
             torchrun = torchrun_argv(agent.nproc, len(agents), i, master, port, max_restarts=job.max_restarts)
             argvs.append(["srun", f"--jobid={self.allocation}", *self._step_options(agent),
-                          f"--nodelist={self._nodes[agent.node].name}", f"--job-name=ddlbench-{job.module}",
+                          f"--nodelist={self._nodes[agent.node].name}", _job_name(job),
                           self.python, *torchrun[1:], "-m", job.module, *job.args])
         env = base_env(self.threads) | job.env | self._job_env()
         return run_processes(argvs, [env] * len(argvs), job.log_path, job.timeout_s, echo,
@@ -427,6 +427,10 @@ class SlurmProvider(Provider):
             self.cancel(self.allocation)
             self.allocation = None
         self._nodes = []
+
+
+def _job_name(job: Job) -> str:
+    return f"--job-name=ddlbench-{job.module.rsplit('.', 1)[-1]}"
 
 
 def _echo_new(path: Path, offset: int, echo: bool) -> int:

@@ -74,7 +74,7 @@ if [ "$action" != start ]; then
   exit 2
 fi
 case "$nodes" in [1-9]) ;; *) echo "SLURM_CLUSTER_NODES: expected 1 to 9 nodes, got $nodes" >&2; exit 2 ;; esac
-case "$rate" in *bit) ;; *) echo "SLURM_CLUSTER_RATE: expected a rate in tc bit units (200mbit), got $rate" >&2; exit 2 ;; esac
+case "$rate" in [0-9]*bit) ;; *) echo "SLURM_CLUSTER_RATE: expected a rate in tc bit units (200mbit), got $rate" >&2; exit 2 ;; esac
 
 for cmd in munged slurmctld slurmd sbatch unshare tc; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
@@ -107,8 +107,9 @@ if ! ip link show "$bridge" >/dev/null 2>&1; then
   ip addr add "$net.1/24" dev "$bridge"
 fi
 ip link set "$bridge" up
-rate_bits=$(python3 -c "import sys; u={'':1,'k':1e3,'m':1e6,'g':1e9,'t':1e12}; s=sys.argv[1].lower()[:-3]; \
-print(int(float(s.rstrip('kmgt')) * u[s[-1] if s[-1] in 'kmgt' else '']))" "$rate")
+rate_bits=$(awk -v r="$rate" 'BEGIN { r = tolower(r); sub(/bit$/, "", r); u = substr(r, length(r)); m = 1
+  if (u ~ /[kmgt]/) { m = (u == "k") ? 1e3 : (u == "m") ? 1e6 : (u == "g") ? 1e9 : 1e12; r = substr(r, 1, length(r) - 1) }
+  printf "%d", r * m }')
 # The bucket holds one timer tick at the rate and a full GSO packet (infra/netns.py's _shape).
 burst=$((rate_bits / 8 / 250 > 65536 ? rate_bits / 8 / 250 : 65536))
 for i in $(seq 0 "$last"); do
