@@ -468,7 +468,7 @@ def test_a_run_allocation_whose_owner_died_is_cancelled_as_an_orphan():
         assert job_id not in cancel_orphans(MULTI_CONF)  # its owner lives
         owner_process.kill()
         owner_process.wait()
-        assert cancel_orphans(MULTI_CONF) == [job_id]
+        assert job_id in cancel_orphans(MULTI_CONF)
     finally:
         owner_process.kill()
         provider.teardown()
