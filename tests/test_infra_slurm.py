@@ -1,8 +1,12 @@
-"""The `slurm` provider against the real single-node SLURM that scripts/services/slurm.sh starts."""
+"""The `slurm` provider against real SLURM daemons: the single-node cluster of
+scripts/services/slurm.sh, and the multi-node one of scripts/services/slurm-cluster.sh (one
+slurmd per network namespace, on links shaped with tc tbf)."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -13,6 +17,8 @@ import psutil
 import pytest
 
 from infra import Job, ProviderError, get_provider
+from infra.netns import parse_bandwidth
+from infra.placement import Placement
 from infra.slurm import SlurmProvider, controller_up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,6 +26,26 @@ needs_slurm = pytest.mark.skipif(
     not controller_up(),
     reason="slurmctld is not running (CI starts it with scripts/services/slurm.sh)",
 )
+MULTI_CONF = Path("/etc/slurm-multi/slurm.conf")
+
+
+def _multi_cluster() -> tuple[int, int] | None:
+    """(nodes, link rate in bits/s) of slurm-cluster.sh's cluster when it answers, else None."""
+    if not controller_up(MULTI_CONF):
+        return None
+    m = re.search(r"^# ddlbench slurm-cluster: nodes=(\d+) rate=(\S+)$", MULTI_CONF.read_text(), re.MULTILINE)
+    return (int(m.group(1)), parse_bandwidth(m.group(2))) if m else None
+
+
+MULTI = _multi_cluster()
+needs_multi = pytest.mark.skipif(
+    MULTI is None or MULTI[0] < 2,
+    reason="the multi-node SLURM cluster is not running (CI starts it with scripts/services/slurm-cluster.sh)",
+)
+
+
+def _multi_provider(**options) -> SlurmProvider:
+    return SlurmProvider(nodes=2, time_limit="10", slurm_conf=str(MULTI_CONF), network_interface="eth0", **options)
 
 
 def test_batch_script_carries_every_request(tmp_path):
@@ -51,20 +77,52 @@ def test_batch_script_carries_every_request(tmp_path):
         f"#SBATCH --output={tmp_path / 'launcher.log'}",
     ):
         assert line in script.splitlines()
-    srun = script.splitlines()[-1]
-    assert srun.startswith("exec srun --kill-on-bad-exit=1")
-    for word in (
-        "--nproc-per-node=4",
-        "--nnodes=2",
-        '--node-rank="$SLURM_NODEID"',
-        '--master-addr="$DDLBENCH_MASTER_ADDR"',
-        "-m training.run",
-    ):
-        assert word in srun
-    # one quoting level for srun's `bash -c`, one inside: a run dir with a space survives both
-    inner = shlex.split(shlex.split(srun)[-1])
-    assert inner[-3:] == ["-m", "training.run", str(tmp_path / "run dir")]
-    assert inner[0] == "python3" and "--node-rank=$SLURM_NODEID" in inner
+    sruns = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert len(sruns) == 2  # 8 workers on 2 nodes x 4 GPUs: one agent per node
+    for node, srun in enumerate(sruns):
+        assert srun.endswith(" &")
+        for word in (
+            "--nodes=1 --ntasks=1 --overlap --gres=gpu:4",
+            f'--nodelist="${{DDLBENCH_NODES[{node}]}}"',
+            "--nproc-per-node=4",
+            "--nnodes=2",
+            f"--node-rank={node}",
+            '--master-addr="$DDLBENCH_MASTER_ADDR"',
+            "-m training.run",
+        ):
+            assert word in srun
+        words = shlex.split(srun.removesuffix(" &"))
+        assert words[-3:] == ["-m", "training.run", str(tmp_path / "run dir")]  # a space survives
+        assert words[words.index("--overlap") + 3] == "python3"
+    assert "DDLBENCH_MASTER_ADDR=${DDLBENCH_NODES[0]}" in script.splitlines()
+
+
+def test_batch_script_of_a_non_uniform_placement(tmp_path):
+    """2 workers + 1 shard on 2 nodes: node0 runs a worker and the shard, node1 a worker; three
+    agents in rank order, each its own step on its node, the job failing with the first."""
+    provider = SlurmProvider(nodes=2, gpus_per_node=1, slurm_conf=None, network_interface="eth0")
+    job = Job("training.run", ["run"], world_size=3, servers=1, log_path=tmp_path / "launcher.log")
+    assert provider.place_job(job).describe() == "2 nodes, colocated: node0 w0 s2, node1 w1"
+    lines = provider.batch_script(job).splitlines()
+    assert "#SBATCH --gpus-per-node=1" in lines and "#SBATCH --nodes=2" in lines
+    assert "export GLOO_SOCKET_IFNAME=eth0" in lines and "export NCCL_SOCKET_IFNAME=eth0" in lines
+    sruns = [shlex.split(line.removesuffix(" &")) for line in lines if line.startswith("srun ")]
+
+    def option(words: list[str], name: str) -> str | None:
+        return next((w.split("=", 1)[1] for w in words if w.startswith(f"--{name}=")), None)
+
+    got = [tuple(option(w, name) for name in ("nodelist", "gres", "node-rank", "nproc-per-node")) for w in sruns]
+    assert got == [
+        ("${DDLBENCH_NODES[0]}", "gpu:1", "0", "1"),  # node0's worker: rank 0, its GPU
+        ("${DDLBENCH_NODES[1]}", "gpu:1", "1", "1"),  # node1's worker: rank 1
+        ("${DDLBENCH_NODES[0]}", None, "2", "1"),  # the shard beside node0's worker: no GPU
+    ]
+    assert all("--nnodes=3" in w for w in sruns)
+    assert lines[-1] == 'exit "$status"' and "for _ in 0 1 2; do" in lines
+    # 4 workers on 2 nodes with 3 GPUs each: devices_per_node follows gpus_per_node (3 + 1)
+    wide = SlurmProvider(nodes=2, gpus_per_node=3).batch_script(Job("training.run", [], 4, log_path=Path("x")))
+    assert re.findall(r"--gres=gpu:(\d+)", wide) == ["3", "1"]
+    assert re.findall(r"--nproc-per-node=(\d+)", wide) == ["3", "1"]
 
 
 def test_option_errors():
@@ -76,8 +134,14 @@ def test_option_errors():
         SlurmProvider(gpus_per_node=-1)
     with pytest.raises(ProviderError, match="provider.options: .*unexpected keyword argument 'queue'"):
         get_provider("slurm", queue="gpu")
-    with pytest.raises(ProviderError, match=r"the job.s placement \(2 nodes, colocated: node0 w0 w1, node1 w2\)"):
-        SlurmProvider(nodes=2).batch_script(Job("training.run", [], 3, log_path=Path("x")))
+    with pytest.raises(ProviderError, match="provider.options.slurm_conf: /no/such/slurm.conf is not a file"):
+        SlurmProvider(slurm_conf="/no/such/slurm.conf")
+    with pytest.raises(ProviderError, match="provider.options.network_interface: expected an interface name"):
+        SlurmProvider(network_interface="eth0; reboot")
+    with pytest.raises(ProviderError, match="provider.options.devices_per_node: 3 workers exceed the 2"):
+        SlurmProvider(nodes=2, gpus_per_node=1).batch_script(Job("training.run", [], 3, log_path=Path("x")))
+    with pytest.raises(ProviderError, match="a cluster handle names a job_id and 2 nodes"):
+        SlurmProvider(nodes=2).adopt({"job_id": "7", "nodes": ["a"]})
 
 
 @needs_slurm
@@ -237,3 +301,180 @@ def test_a_job_whose_launcher_and_watchdog_died_is_cancelled_by_ddlbench_cleanup
         assert _gone_within(launcher.pid, marker, 10) == ([], [])
     finally:
         subprocess.run(["scancel", *_jobs_of(launcher.pid)], capture_output=True)
+
+
+def _link_bound_s(summary: dict, rate_bps: int) -> float:
+    """The least time per step the shaped links allow, from the workers' byte counts and the
+    recorded placement: the bytes a step sends out of the busiest node over the link's rate.
+    A PS worker splits its pushes (sent) and pulls (received) evenly over the shards, and only
+    what goes to or comes from another node's shard crosses a link; an allreduce worker alone
+    on its node sends every byte to the other nodes. Synchronous PS pulls only after every push
+    has arrived, so a worker's remote pushes and pulls take their sum, one after the other, and
+    so do a shard's pushes from and pulls to remote workers."""
+    placement = Placement.from_dict(summary["placement"])
+    sent = {int(r): b for r, b in summary["bytes_sent"].items()}
+    received = {int(r): b for r, b in summary["bytes_received"].items()}
+    leaving = [0.0] * placement.nodes
+    in_turn: list[float] = []
+    shard_turn = dict.fromkeys(range(placement.workers, placement.world_size), 0.0)
+    for w in range(placement.workers):
+        node = placement.node_of_rank[w]
+        if not placement.servers:
+            assert placement.workers_on(node) == [w]
+            leaving[node] += sent[w]
+            continue
+        remote = [s for s in range(placement.workers, placement.world_size) if not placement.same_node(w, s)]
+        pushed, pulled = sent[w] * len(remote) / placement.servers, received[w] * len(remote) / placement.servers
+        leaving[node] += pushed
+        for s in remote:
+            leaving[placement.node_of_rank[s]] += received[w] / placement.servers
+            shard_turn[s] += (sent[w] + received[w]) / placement.servers
+        in_turn.append(pushed + pulled)
+    if summary["algorithm"] != "ssgd":  # asynchronous PS: pushes and pulls of a step may overlap
+        in_turn = []
+    elif placement.servers:
+        in_turn += shard_turn.values()
+    return max(leaving + in_turn) / summary["steps"] / (rate_bps / 8)
+
+
+def _mlp_config(**overrides):
+    from pipelines.launch import prepare
+
+    # mlp: 8.7 MB of parameters a step, compute a few ms: the shaped link sets the pace
+    base = {"model": "mlp", "dataset": "digits", "workers": 2, "batch_size": 16, "steps": 12, "measure_warmup": 2,
+            "timeout_s": 120}
+    return prepare(base | overrides, "test")
+
+
+def _assert_paced_by_the_link(summary: dict, what: str) -> None:
+    bound = _link_bound_s(summary, MULTI[1])
+    measured = summary["iter_time_s"]["p50"]
+    print(f"{what}: iteration p50 {measured:.3f} s, link bound {bound:.3f} s, ratio {measured / bound:.2f}")
+    assert bound > 0.1  # the test measures the link, not loopback: MBs a step on a shaped link
+    assert measured >= bound
+
+
+@pytest.mark.slow
+@needs_multi
+def test_allreduce_across_two_slurm_nodes_crosses_the_shaped_link(tmp_path):
+    """2 workers, one per node, a batch job of their own: the ring's bytes cross the link."""
+    from pipelines.launch import launch
+
+    with _multi_provider() as provider:
+        summary = launch(_mlp_config(), tmp_path, provider, timeout_s=240, echo=False)
+        assert provider.final_state(provider.last_job_id) == ("COMPLETED", 0)
+    assert summary["status"] == "completed" and summary["steps"] == 12
+    assert summary["placement"] == {"policy": "colocated", "nodes": 2, "workers_per_node": [1, 1],
+                                    "servers_per_node": [0, 0], "node_of_rank": [0, 1]}
+    assert json.loads((tmp_path / "placement.json").read_text())["node_of_rank"] == [0, 1]
+    _assert_paced_by_the_link(summary, "allreduce, 2 nodes")
+
+
+@pytest.mark.slow
+@needs_multi
+def test_ps_with_a_colocated_shard_as_steps_of_a_run_allocation(tmp_path):
+    """2 workers + 1 shard beside worker 0 (node0 runs 2 ranks, node1 one: 3 agents), run as
+    steps of the allocation a pipeline run holds: one process provisions it, another adopts its
+    handle. Worker 1's pushes and pulls cross the link; worker 0's stay on node0."""
+    from pipelines.launch import launch
+
+    owner = _multi_provider()
+    owner.provision_shared()
+    handle = json.loads(json.dumps(owner.handle()))  # what travels between a run's tasks
+    try:
+        assert handle["nodes"] == ["snode0", "snode1"]
+        task = _multi_provider()
+        task.adopt(handle)
+        summary = launch(_mlp_config(comm="ps", servers=1), tmp_path, task, timeout_s=240, echo=False)
+        assert task.queue_state(handle["job_id"]) == "RUNNING"  # the allocation outlives the job
+    finally:
+        owner.teardown()
+    assert owner.queue_state(handle["job_id"]) not in ("RUNNING", "PENDING")
+    with pytest.raises(ProviderError, match=f"allocation \\(job {handle['job_id']}\\) is .*not RUNNING"):
+        _multi_provider().adopt(handle)
+    assert summary["status"] == "completed" and summary["comm"] == "ps" and summary["servers"] == 1
+    assert summary["placement"] == {"policy": "colocated", "nodes": 2, "workers_per_node": [1, 1],
+                                    "servers_per_node": [1, 0], "node_of_rank": [0, 1, 0]}
+    _assert_paced_by_the_link(summary, "ps 2+1 colocated, 2 nodes")
+
+
+@pytest.mark.slow
+@needs_multi
+def test_a_failing_agent_fails_the_whole_two_node_job_at_once(tmp_path):
+    """Rank 1 (node1's agent) raises while rank 0 would sleep for 10 minutes: the batch script
+    stops the other step and the job fails, naming rank 1."""
+    marker = f"600.{time.time_ns() % 10**6}"
+    statement = f"time.sleep({marker}) if os.environ['RANK'] == '0' else 1 / 0"
+    job = Job("timeit", ["-n", "1", "-r", "1", "-s", "import os, time", statement], world_size=2,
+              log_path=tmp_path / "launcher.log", timeout_s=120)
+    start = time.monotonic()
+    with _multi_provider() as provider:
+        result = provider.run(job, echo=False)
+        state, _ = provider.final_state(provider.last_job_id)
+    assert state == "FAILED" and not result.ok and not result.timed_out
+    assert time.monotonic() - start < 60
+    assert [f["rank"] for f in result.failed_ranks] == [1]
+    assert "ZeroDivisionError" in result.log_path.read_text()
+    assert not subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+@needs_multi
+def test_sigkill_of_a_launcher_ends_its_steps_but_not_the_run_allocation(tmp_path):
+    """A task's launcher killed outright: its steps' ranks are gone within 10 s; the run's
+    allocation stays for the run's other tasks until teardown."""
+    marker = f"time.sleep(600.{time.time_ns() % 10**6})"
+    owner = _multi_provider()
+    owner.provision_shared()
+    handle = owner.handle()
+    code = (
+        "import json, sys; from pathlib import Path; from infra import Job; from infra.slurm import SlurmProvider\n"
+        "p = SlurmProvider(nodes=2, slurm_conf=sys.argv[3], network_interface='eth0')\n"
+        "p.adopt(json.loads(sys.argv[4]))\n"
+        "job = Job(module='timeit', args=['-n', '1', '-r', '1', '-s', 'import time', sys.argv[1]], world_size=2,\n"
+        "          log_path=Path(sys.argv[2]))\n"
+        "p.run(job, echo=False)\n"
+    )
+    argv = [sys.executable, "-c", code, marker, str(tmp_path / "launcher.log"), str(MULTI_CONF), json.dumps(handle)]
+    launcher = subprocess.Popen(argv, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while len([p for p in _ranks(marker) if "srun" not in p.info["cmdline"][0]]) < 4:  # 2 agents, 2 ranks
+            assert launcher.poll() is None and time.monotonic() < deadline, "the job's ranks never started"
+            time.sleep(0.2)
+        launcher.kill()
+        launcher.wait()
+        t0 = time.monotonic()
+        while _ranks(marker) and time.monotonic() - t0 < 10:
+            time.sleep(0.2)
+        assert _ranks(marker) == []
+        print(f"steps' ranks gone {time.monotonic() - t0:.1f} s after their launcher's SIGKILL")
+        assert owner.queue_state(handle["job_id"]) == "RUNNING"
+    finally:
+        launcher.kill()
+        owner.teardown()
+
+
+@needs_multi
+def test_a_run_allocation_whose_owner_died_is_cancelled_as_an_orphan():
+    from infra.slurm import cancel_orphans
+
+    owner_process = subprocess.Popen(["sleep", "600"])
+    provider = _multi_provider()
+    try:
+        provider.provision_shared(owner=owner_process.pid)
+        job_id = provider.handle()["job_id"]
+        assert job_id not in cancel_orphans(MULTI_CONF)  # its owner lives
+        owner_process.kill()
+        owner_process.wait()
+        assert job_id in cancel_orphans(MULTI_CONF)
+    finally:
+        owner_process.kill()
+        provider.teardown()
+
+
+@needs_multi
+def test_an_allocation_the_cluster_refuses_is_a_clear_error():
+    with pytest.raises(ProviderError, match="slurm: sbatch refused the run's allocation: .*gres"):
+        _multi_provider(gpus_per_node=1).provision_shared()

@@ -57,8 +57,11 @@ if ! pgrep -x munged >/dev/null; then
   chown -R munge:munge /etc/munge /var/lib/munge /var/log/munge /run/munge 2>/dev/null || true
   runuser -u munge -- /usr/sbin/munged
 fi
-pgrep -x slurmctld >/dev/null || slurmctld
-pgrep -x slurmd >/dev/null || slurmd
+# By pid file, not by name: scripts/services/slurm-cluster.sh runs daemons of the same names.
+# a daemon that died unreaped (a zombie) is not alive
+pid_alive() { [ -f "$1" ] && ps -o stat= -p "$(cat "$1")" 2>/dev/null | grep -qv '^Z'; }
+pid_alive /run/slurmctld.pid || slurmctld
+pid_alive /run/slurmd.pid || slurmd
 
 for _ in $(seq 1 50); do
   scontrol ping 2>/dev/null | grep -q UP && break
