@@ -161,6 +161,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
                 "beta_s_per_byte": beta,
                 "gamma_s_per_byte": gamma,
                 "sustained_beta_s_per_byte": sustained,
+                "sustained_slope_s_per_byte": top,
                 **extra,
                 **line,
                 "sizes": sizes,
@@ -277,14 +278,16 @@ def _noisy_only(f: dict[str, Any]) -> bool:
 
 
 def _measured(f: dict[str, Any]):
-    """bytes -> seconds: the measurements, locally smoothed; past the largest, the fitted
-    slope, or for a flagged fit the slope from the smallest to the largest size."""
+    """bytes -> seconds: the measurements, locally smoothed; past the largest, the slope of
+    the largest sizes (the sustained rate; older fits: the fitted slope), or for a flagged
+    fit the slope from the smallest to the largest size."""
     a, b = f["intercept_s"], f["slope_s_per_byte"]
     if "measured_s" not in f:
         return lambda m: a + b * m
     sizes, times = np.asarray(f["sizes"], dtype=float), np.asarray(f["measured_s"], dtype=float)
     order = np.argsort(sizes)
     sizes, times = sizes[order], times[order]
+    b = f.get("sustained_slope_s_per_byte") or b
     if not f.get("usable", True) or b <= 0:
         b = float((times[-1] - times[0]) / (sizes[-1] - sizes[0])) if len(sizes) > 1 else 0.0
 

@@ -150,3 +150,18 @@ def test_a_placement_is_of_one_world_and_comes_from_the_summary() -> None:
     assert Scenario.from_summary(summary).node_of_rank == (0, 1, 0)
     with pytest.raises(ValueError, match="scenario.node_of_rank: places 3 ranks, but the job has 4 workers"):
         Scenario.from_summary(summary).with_workers(4)
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("colocated", (0, 1, 0)), ("dedicated", (0, 1, 2))])
+def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, expected) -> None:
+    import yaml
+
+    from pipelines.spec import validate_spec
+    from pipelines.stages.model import _placements
+
+    values = yaml.safe_load(open("specs/smoke.yaml"))
+    values["provider"] = {"name": "netns", "options": {"nodes": 3, "bandwidth": "200mbit", "placement": policy}}
+    values["network"] = {"link_bandwidth": "200mbit"}
+    placed = _placements(validate_spec(values, "smoke.yaml"), [2])
+    assert placed[(2, 1)] == expected
+    assert placed[(2, 0)] == (0, 1)  # allreduce: the workers only
