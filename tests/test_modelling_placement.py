@@ -152,16 +152,25 @@ def test_a_placement_is_of_one_world_and_comes_from_the_summary() -> None:
         Scenario.from_summary(summary).with_workers(4)
 
 
-@pytest.mark.parametrize(("policy", "expected"), [("colocated", (0, 1, 0)), ("dedicated", (0, 1, 2))])
-def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, expected) -> None:
+@pytest.mark.parametrize(
+    ("policy", "expected", "round_s"), [("colocated", (0, 1, 0), 2 * T), ("dedicated", (0, 1, 2), 4 * T)]
+)
+def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, expected, round_s) -> None:
     import yaml
 
     from pipelines.spec import validate_spec
-    from pipelines.stages.model import _placements
+    from pipelines.stages.model import _placements, _predictions
+    from pipelines.stages.runner import workload_dir
 
     values = yaml.safe_load(open("specs/smoke.yaml"))
-    values["provider"] = {"name": "netns", "options": {"nodes": 3, "bandwidth": "200mbit", "placement": policy}}
-    values["network"] = {"link_bandwidth": "200mbit"}
-    placed = _placements(validate_spec(values, "smoke.yaml"), [2])
+    values["provider"] = {"name": "netns", "options": {"nodes": 3, "bandwidth": "1gbit", "placement": policy}}
+    values["network"] = {"link_bandwidth": "1gbit"}
+    values["algorithms"] = [{"name": "ssgd", "comm": "ps"}]
+    spec = validate_spec(values, "smoke.yaml")
+    placed = _placements(spec, [2])
     assert placed[(2, 1)] == expected
     assert placed[(2, 0)] == (0, 1)  # allreduce: the workers only
+    layers = {workload_dir(spec.workloads[0], 32): TABLE}
+    rows = _predictions(spec, layers, fit_comm(_ps_comm(expected), link_bytes_per_s=LINK))
+    [row] = [r for r in rows if not r["what_if"]]
+    assert row["iter_time_s"] == pytest.approx(COMPUTE + round_s + SERVER + UNPACK, rel=1e-6)
