@@ -21,6 +21,7 @@ the 2-node cluster; every comm model is fitted against the stated rate.
 
     python benchmarks/bench_validation.py [OUT_DIR] [--steps 60] [--repeats 3]
     python benchmarks/bench_validation.py --provider netns --bandwidth 200mbit --steps 20 --repeats 1
+    python benchmarks/bench_validation.py OUT_DIR --revalidate [--provider netns --bandwidth R]
 """
 
 from __future__ import annotations
@@ -77,7 +78,13 @@ def main() -> None:
     ap.add_argument("--provider", choices=["local", "netns"], default="local")
     ap.add_argument("--bandwidth", default="1gbit", help="netns: every link's rate (tc units: 200mbit, 1gbit)")
     ap.add_argument("--models", default=",".join(m for m, _ in MODELS), help="comma list among lenet5,mlp")
+    ap.add_argument("--revalidate", action="store_true", help="only predict and compare the runs already in OUT_DIR")
     args = ap.parse_args()
+    if args.revalidate:
+        from infra.netns import parse_bandwidth
+
+        evaluate(args.out, parse_bandwidth(args.bandwidth) / 8 if args.provider == "netns" else None)
+        return
     models = [(m, d) for m, d in MODELS if m in args.models.split(",")]
     out: Path = args.out
     shutil.rmtree(out, ignore_errors=True)
@@ -157,23 +164,48 @@ def main() -> None:
     finally:
         for provider in providers.values():
             provider.teardown()
-    rows = []
-    comm_models = {}
-    for key, measured in comms.items():  # each size's measurements over the repeats: their median
-        comm_models[key] = fit_comm({**measured[0], "measurements": [m for c in measured for m in c["measurements"]]})
-        (out / f"model-{key[0]}-{key[1]}.json").write_text(json.dumps(comm_models[key], indent=2))
-    for (name, label), dirs in runs.items():  # every run of a model predicted from its pooled profile
+    for (name, label), measured in comms.items():  # each size's measurements over the repeats: their median
+        model = fit_comm({**measured[0], "measurements": [m for c in measured for m in c["measurements"]]})
+        (out / f"model-{name}-{label}.json").write_text(json.dumps(model, indent=2))
+    for (name, _), dirs in runs.items():  # every run of a model predicted from its pooled profile
         pooled = pool_layers(profiles[name])
         for d in dirs:
             write_layers(pooled, d)
-        rows += [r | {"placement": label} for r in validate_runs(dirs, comm_model=comm_models[(name, label)])["runs"]]
-    result = summarise(rows)
-    report(result, rows, link)
+    evaluate(out, link)
     print(
         f"conditions: {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before and "
         f"{os.getloadavg()[0]:.2f} after, {time.monotonic() - t0:.0f} s in all"
     )
+
+
+def evaluate(out: Path, link: float | None) -> None:
+    """Predicted vs measured for every run under `out` (its pooled layers.json, its model's and
+    placement's model-*.json); then again with each run's own compute (the profile scaled to
+    the forward and backward the run measured), which takes the host's load drifting between
+    profile and run out of the error and leaves the communication model's."""
+    rows, calibrated = [], []
+    for run in sorted(p for p in out.glob("*-r*") if (p / "summary.json").is_file()):
+        summary = json.loads((run / "summary.json").read_text())
+        label = run.name.split("-")[-2]
+        model = json.loads((out / f"model-{summary['model']}-{label}.json").read_text())
+        layers = json.loads((run / "layers.json").read_text())
+        rows += [r | {"placement": label} for r in validate_runs([run], layers=layers, comm_model=model)["runs"]]
+        calibrated += [r | {"placement": label}
+                       for r in validate_runs([run], layers=own_compute(layers, summary), comm_model=model)["runs"]]
+    result = summarise(rows)
+    report(result, rows, link)
+    print("with each run's own measured forward and backward:")
+    report(summarise(calibrated), calibrated, link)
     (out / "validation.json").write_text(json.dumps(result, indent=2))
+    (out / "validation_own_compute.json").write_text(json.dumps(summarise(calibrated), indent=2))
+
+
+def own_compute(layers: dict, summary: dict) -> dict:
+    """The layer table scaled so that its forward and backward sum to the run's measured ones."""
+    measured = summary["breakdown_s"]["forward"] + summary["breakdown_s"]["backward"]
+    profiled = sum(r["fwd_s"] + r["bwd_s"] for r in layers["layers"]) * summary["batch_size"] / layers["batch_size"]
+    k = measured / profiled
+    return {**layers, "layers": [r | {"fwd_s": r["fwd_s"] * k, "bwd_s": r["bwd_s"] * k} for r in layers["layers"]]}
 
 
 def report(result: dict, rows: list[dict], link: float | None) -> None:
