@@ -11,13 +11,22 @@ Workers are symmetric, so SSGD-allreduce simulates one representative worker on
 a ring of N. The PS algorithms simulate up to `max_classes` worker classes, each
 standing for `multiplicity` identical workers whose transfers queue back to back
 on the shard's link.
+
+Placed on several nodes (`Costs.node_of_rank`, DESIGN §5), worker classes are formed
+within each node (`_PSBuilder.concurrent`), and transfers hold full-duplex node links (modelling/links.py): a
+push the sender node's uplink and the shard node's downlink, a pull the reverse. A
+colocated shard's own node's workers reach it without crossing a link (a transfer
+of their latency alone), while the node's link carries the other nodes' traffic to
+it; a dedicated shard's node runs no worker. Comm on the CPU (loopback) does not
+apply between nodes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from modelling.links import multi_node
 from modelling.scenario import Scenario
 from modelling.simulate import Dag
 
@@ -45,6 +54,8 @@ class Costs:
     comm_on_cpu: bool = False
     allreduce_cpu_s: Callable[[int], float] | None = None  # the copying part; None: all of it
     transfer_cpu_s: Callable[[int], float] | None = None
+    # The node of every rank (workers, then shards) when placed on several nodes; None: one host.
+    node_of_rank: Sequence[int] | None = None
 
     @property
     def model_bytes(self) -> int:
@@ -56,9 +67,9 @@ class Resource:
     """What a task holds while it runs: a part of one rank (worker 0's compute, shard 1's
     link) or the shared network of a ring."""
 
-    role: str  # "worker", "server" or "network"
+    role: str  # "worker", "server", "node" or "network"
     index: int | None = None
-    part: str = ""  # "compute", "link" or "loader"
+    part: str = ""  # "compute", "link" or "loader"; a node's "up" or "down" link
 
     @property
     def owner(self) -> str:
@@ -83,6 +94,14 @@ def compute(role: str, index: int) -> Resource:
 
 def link(role: str, index: int) -> Resource:
     return Resource(role, index, "link")
+
+
+def uplink(node: int) -> Resource:
+    return Resource("node", node, "up")
+
+
+def downlink(node: int) -> Resource:
+    return Resource("node", node, "down")
 
 
 @dataclass
@@ -228,11 +247,30 @@ class _PSBuilder:
     """Worker classes pushing to and pulling from S shards, iteration by iteration. As the
     strategies of training/algorithms.py do, each algorithm says only what happens between
     backward and the next forward: how gradients reach the shards (`exchange`) and what
-    the worker's update waits for (`update`)."""
+    the worker's update waits for (`update`).
+
+    `concurrent`: the round posts every transfer at once, so on node links (placed) the
+    workers of one node share its link and finish together: one class per node. A link
+    serving them one after the other would let the first served compute while the last
+    still waits, a pipelining that a fairly shared link does not give."""
+
+    concurrent = True
 
     def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
         self.c, self.servers, self.dag = c, servers, Dag()
-        self.mult = _split(workers, min(workers, max_classes))
+        self.placed = multi_node(c.node_of_rank)
+        if self.placed:  # classes within each node: its workers share its links
+            worker_nodes = list(c.node_of_rank[:workers])
+            self.class_node, self.mult = [], []
+            for node in sorted(set(worker_nodes)):
+                count = worker_nodes.count(node)
+                classes = 1 if self.concurrent else min(count, max(1, round(max_classes * count / workers)))
+                for m in _split(count, classes):
+                    self.class_node.append(node)
+                    self.mult.append(m)
+            self.shard_node = list(c.node_of_rank[workers:])
+        else:
+            self.mult = _split(workers, min(workers, max_classes))
         self.owners = [f"worker{k}" for k in range(len(self.mult))]
         self.shard_bytes = [
             c.model_bytes // servers + (1 if s < c.model_bytes % servers else 0) for s in range(servers)
@@ -262,9 +300,22 @@ class _PSBuilder:
         # OD-SGD reuses the push buffer, so its previous push must have left.
         return dag.add("pack", c.pack_s, cpu, (bwd, *self.prev_push[k]), kind="backward", owner=w, step=t)
 
+    def links(self, k: int, s: int, push: bool) -> tuple[Resource, ...]:
+        """What a push (or pull) between worker class k and shard s holds: the two ranks'
+        links on one host; placed, the node links it crosses, or () within a node."""
+        if not self.placed:
+            return (link("worker", k), link("server", s))
+        src, dst = (self.class_node[k], self.shard_node[s]) if push else (self.shard_node[s], self.class_node[k])
+        return () if src == dst else (uplink(src), downlink(dst))
+
+    def transfer_s(self, k: int, s: int, nbytes: int) -> float:
+        """One transfer of nbytes; within a node (placed), only its latency: no link to cross."""
+        same_node = self.placed and self.class_node[k] == self.shard_node[s]
+        return self.c.transfer_s(0 if same_node else nbytes)
+
     def cpus(self, k: int, s: int | None = None) -> tuple[Resource, ...]:
         """The CPUs a loopback transfer copies on: the worker's, and the shard's."""
-        if not self.c.comm_on_cpu:
+        if not self.c.comm_on_cpu or self.placed:
             return ()
         return (compute("worker", k),) if s is None else (compute("worker", k), compute("server", s))
 
@@ -288,23 +339,36 @@ class _SyncServer(_PSBuilder):
         super().__init__(c, workers, servers, max_classes)
         self.shard_free: list[int | None] = [None] * servers  # the shard's loop is back at receive
 
-    def _transfer(self, name: str, t: int, k: int, s: int, deps) -> int:
-        c, nbytes = self.c, self.shard_bytes[s]
-        return comm_task(self.dag, name, self.mult[k] * c.transfer_s(nbytes), self.copy_s(nbytes, self.mult[k]),
-                         (link("worker", k), link("server", s)), self.cpus(k, s), deps,
+    def _transfer(self, name: str, t: int, k: int, s: int, deps, push: bool) -> int:
+        nbytes = self.shard_bytes[s]
+        return comm_task(self.dag, name, self.mult[k] * self.transfer_s(k, s, nbytes),
+                         self.copy_s(nbytes, self.mult[k]), self.links(k, s, push), self.cpus(k, s), deps,
                          kind="comm", owner=self.owners[k], step=t)
+
+    def _shared(self, t: int, s: int, shard_pulls: list[int]) -> list[int]:
+        """Placed, the pulls that cross the shard node's uplink are sent at once and share it
+        fairly: each ends when the last does (a join), not one after another as the link's
+        queue orders them. Within a node, or on one host, each pull as it is."""
+        if not self.placed:
+            return shard_pulls
+        remote = [k for k in range(len(self.mult)) if self.class_node[k] != self.shard_node[s]]
+        if len(remote) < 2:
+            return shard_pulls
+        joined = self.dag.add(f"pulled s{s}", 0.0, (), [shard_pulls[k] for k in remote], kind="pulled",
+                              owner=f"server{s}", step=t)
+        return [joined if k in remote else pull for k, pull in enumerate(shard_pulls)]
 
     def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
         pulls: list[list[int]] = [[] for _ in self.mult]
         for s in range(self.servers):
             pushes = []
             for k in range(len(self.mult)):
-                self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], self.shard_free[s]))
+                self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], self.shard_free[s]), True)
                 pushes.append(self.prev_push[k][s])
             update = self.dag.add("server update", self.c.server_update_s / self.servers, (compute("server", s),),
                                   pushes, kind="server_update", owner=f"server{s}", step=t)
-            shard_pulls = [self._transfer(f"pull s{s}", t, k, s, (update,)) for k in range(len(self.mult))]
-            for k, pull in enumerate(shard_pulls):
+            shard_pulls = [self._transfer(f"pull s{s}", t, k, s, (update,), False) for k in range(len(self.mult))]
+            for k, pull in enumerate(self._shared(t, s, shard_pulls)):
                 pulls[k].append(pull)
             self.shard_free[s] = self.dag.add("server ready", 0.0, (), shard_pulls, kind="server_ready",
                                               owner=f"server{s}", step=t)
@@ -331,17 +395,21 @@ class ODSGDPlan(_SyncServer):
 class ASGDPlan(_PSBuilder):
     """ASGD: each shard serves one push at a time, its update and reply included; no barrier."""
 
+    concurrent = False  # the shard's serial loop, not the link, orders the workers
+
     def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
         c, pulls = self.c, [[] for _ in self.mult]
         for k, w in enumerate(self.owners):
             for s in range(self.servers):
                 # One pass of the shard's serial loop: receive, apply, reply.
-                serve = self.mult[k] * (2 * c.transfer_s(self.shard_bytes[s]) + c.server_apply_s / self.servers)
+                transfer = self.transfer_s(k, s, self.shard_bytes[s])
+                serve = self.mult[k] * (2 * transfer + c.server_apply_s / self.servers)
                 copies = self.copy_s(self.shard_bytes[s], 2 * self.mult[k])
                 cpu_s = None if copies is None else copies + self.mult[k] * c.server_apply_s / self.servers
+                links = tuple(dict.fromkeys(self.links(k, s, True) + self.links(k, s, False)))
                 pulls[k].append(comm_task(self.dag, f"push-apply-pull s{s}", serve, cpu_s,
-                                          (link("worker", k), link("server", s), compute("server", s)),
-                                          self.cpus(k), (packs[k],), kind="comm", owner=w, step=t))
+                                          (*links, compute("server", s)), self.cpus(k), (packs[k],),
+                                          kind="comm", owner=w, step=t))
         return pulls
 
 

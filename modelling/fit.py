@@ -8,15 +8,23 @@ constants from a and b:
 - p2p (one way):                 t = alpha + M beta
 - allreduce (ring, N ranks):     t = 2(N-1) alpha + (N-1)/N M (2 beta + gamma)
 - ps (N workers, S shards, one push and pull round, each of M/S bytes per
-  worker and shard, queued on the shard's link): t = 2N (alpha + M/S beta)
+  worker and shard): t = 2L (alpha + M/S beta), L the transfers that queue on
+  the busiest link one way (modelling/links.py): N on one host, where they queue
+  on the shard's link; over full-duplex node links, the most one node's uplink or
+  downlink carries (2 workers to a dedicated shard node: 2; a shard beside one
+  of them: 1, the other's transfers stay on its node)
 
 Allreduce's beta comes from the p2p fit of the same file, gamma from the rest
 of the slope. Predicting for a measured world size within the measured sizes,
 `CommCosts` follows the measurements themselves, locally smoothed (real transports are not
 quite linear in M: the residuals show by how much); elsewhere, and for
-bandwidth what-ifs, it uses the fitted constants. A fit that beats physics (beta below the link's byte time,
-negative alpha) is flagged; a flagged beta is marked unusable and the
-predictor refuses it unless a bandwidth is given.
+bandwidth what-ifs, it uses the fitted constants. A fit that beats physics (its
+sustained beta, from the largest sizes, below the link's byte time; negative alpha)
+is flagged; a flagged beta is marked unusable and the predictor refuses it unless a
+bandwidth is given. The link bounds the sustained rate, not the line's slope over
+all sizes: a token bucket (tc tbf, a NIC's burst allowance) passes a message's first
+bytes at once, which tilts the line below the link's byte time though every large
+message pays it.
 """
 
 from __future__ import annotations
@@ -29,8 +37,13 @@ from typing import Any
 import numpy as np
 
 from modelling.files import read_json
+from modelling.links import ps_link_queue
 
 COMM_KIND = "ddlbench-comm"
+# Sustained rate: the slope over the sizes within this factor of the largest.
+SUSTAINED_RANGE = 16
+# A sustained beta this far below the link's byte time is measurement noise, not physics broken.
+PHYSICS_TOLERANCE = 0.02
 MODEL_KIND = "ddlbench-comm-model"
 
 
@@ -67,6 +80,17 @@ def fit_line(sizes: list[float], times: list[float]) -> dict[str, Any]:
     }
 
 
+def sustained_slope(sizes: list[float], times: list[float]) -> float:
+    """Seconds per byte of the largest messages: an unweighted least-squares slope over the
+    sizes within SUSTAINED_RANGE of the largest (at least the two largest)."""
+    m, t = np.asarray(sizes, dtype=float), np.asarray(times, dtype=float)
+    order = np.argsort(m)
+    m, t = m[order], t[order]
+    top = max(int(np.sum(m * SUSTAINED_RANGE >= m[-1])), 2)
+    m, t = m[-top:], t[-top:]
+    return float(np.polyfit(m, t, 1)[0]) if np.ptp(m) > 0 else 0.0
+
+
 def _grouped(comm: dict[str, Any]) -> dict[tuple[str, int, int], tuple[list[float], list[float]]]:
     """Per (primitive, workers, servers): sizes ascending and their times (each size's trimmed
     mean over repeats: the expected cost, which throughput pays). A size
@@ -87,23 +111,34 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         raise CommModelError("comm: not a ddlbench comm.json (no 'measurements' of kind ddlbench-comm)")
     link = link_bytes_per_s or comm.get("link_bytes_per_s")
     groups = _grouped(comm)
-    p2p_beta = None
+    placed = _placements(comm)
+    p2p_beta = p2p_sustained = None
     fits = []
     for prim, n, s in sorted(groups, key=lambda k: (k[0] != "p2p", k)):
         sizes, times = groups[(prim, n, s)]
         line = fit_line(sizes, times)
         a, b = line["intercept_s"], line["slope_s_per_byte"]
-        gamma = None
+        top = sustained_slope(sizes, times)
+        gamma, queue, extra = None, None, {}
         if prim == "p2p":
-            alpha, beta = a, b
-            p2p_beta = beta
+            alpha, beta, sustained = a, b, top
+            p2p_beta, p2p_sustained = beta, sustained
         elif prim == "allreduce":
             alpha = a / (2 * (n - 1))
             per_byte = b * n / (n - 1)  # 2 beta + gamma
             beta = p2p_beta if p2p_beta is not None and 2 * p2p_beta <= per_byte else per_byte / 2
             gamma = per_byte - 2 * beta
+            sustained_per_byte = top * n / (n - 1)
+            sustained = (
+                p2p_sustained
+                if p2p_sustained is not None and 2 * p2p_sustained <= sustained_per_byte
+                else sustained_per_byte / 2
+            )
         elif prim == "ps":
-            alpha, beta = a / (2 * n), b * s / (2 * n)
+            node_of_rank = placed.get((n, s))
+            queue = ps_link_queue(n, s, node_of_rank)
+            alpha, beta, sustained = a / (2 * queue), b * s / (2 * queue), top * s / (2 * queue)
+            extra = {"link_queue": queue, "node_of_rank": node_of_rank}
         else:
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
         flags = list(line["flags"])
@@ -111,10 +146,10 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         if beta <= 0:  # time that does not grow with size: noise swamped the sizes measured
             flags.append(f"beta {beta:.3g} s/B is not positive; measure larger messages. Not used")
             usable = False
-        elif link and beta < 1.0 / link:
+        elif link and sustained < (1.0 - PHYSICS_TOLERANCE) / link:
             flags.append(
-                f"beta {beta:.3g} s/B is faster than the link's {1.0 / link:.3g} s/B "
-                f"({link * 8 / 1e9:.3g} Gbit/s); not used"
+                f"sustained beta {sustained:.3g} s/B (over the largest sizes) is faster than the link's "
+                f"{1.0 / link:.3g} s/B ({link * 8 / 1e9:.3g} Gbit/s); not used"
             )
             usable = False
         fits.append(
@@ -125,6 +160,9 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
                 "alpha_s": alpha,
                 "beta_s_per_byte": beta,
                 "gamma_s_per_byte": gamma,
+                "sustained_beta_s_per_byte": sustained,
+                "sustained_slope_s_per_byte": top,
+                **extra,
                 **line,
                 "sizes": sizes,
                 "measured_s": times,
@@ -133,6 +171,15 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         )
         fits[-1]["flags"] = flags
     return {"kind": MODEL_KIND, "link_bytes_per_s": link, "environment": comm.get("environment", {}), "fits": fits}
+
+
+def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
+    """(workers, servers) -> the node of every rank of that microbenchmark, where recorded."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for row in comm["measurements"]:
+        if row.get("node_of_rank") is not None:
+            out.setdefault((int(row["workers"]), int(row.get("servers", 0))), list(row["node_of_rank"]))
+    return out
 
 
 def load_comm(path: Path) -> dict[str, Any]:
@@ -215,9 +262,9 @@ class CommCosts:
             and self.bw is None
             and _noisy_only(f)
         ):
-            # A measured round is 2N transfers of M/S bytes queued on one shard link.
-            round_s = _measured(f)
-            return lambda m: round_s(m * servers) / (2 * workers)
+            # A measured round is 2L transfers of M/S bytes queued on the busiest link.
+            round_s, queue = _measured(f), f.get("link_queue") or workers
+            return lambda m: round_s(m * servers) / (2 * queue)
         self._usable(f)
         alpha = f["alpha_s"]
         beta = 1.0 / self.bw if self.bw is not None else f["beta_s_per_byte"]
@@ -231,14 +278,16 @@ def _noisy_only(f: dict[str, Any]) -> bool:
 
 
 def _measured(f: dict[str, Any]):
-    """bytes -> seconds: the measurements, locally smoothed; past the largest, the fitted
-    slope, or for a flagged fit the slope from the smallest to the largest size."""
+    """bytes -> seconds: the measurements, locally smoothed; past the largest, the slope of
+    the largest sizes (the sustained rate; older fits: the fitted slope), or for a flagged
+    fit the slope from the smallest to the largest size."""
     a, b = f["intercept_s"], f["slope_s_per_byte"]
     if "measured_s" not in f:
         return lambda m: a + b * m
     sizes, times = np.asarray(f["sizes"], dtype=float), np.asarray(f["measured_s"], dtype=float)
     order = np.argsort(sizes)
     sizes, times = sizes[order], times[order]
+    b = f.get("sustained_slope_s_per_byte") or b
     if not f.get("usable", True) or b <= 0:
         b = float((times[-1] - times[0]) / (sizes[-1] - sizes[0])) if len(sizes) > 1 else 0.0
 

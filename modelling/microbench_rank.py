@@ -80,6 +80,16 @@ def _row(primitive: str, workers: int, servers: int, nbytes: int, times: list[fl
     }
 
 
+def _slowest_worker(times: list[float], n: int) -> list[float]:
+    """Per repeat, the time of the worker whose round ended last (every rank started it after
+    the same barrier). A round ends for all workers only then: a worker beside its shard has
+    its pull back before a remote one's has crossed the link, and a synchronous step waits
+    for the last."""
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, times)
+    return [max(per_rank[:n]) for per_rank in zip(*every, strict=True)]
+
+
 def _shards(numel: int, servers: int) -> list[tuple[int, int]]:
     base, extra = divmod(numel, servers)
     bounds, start = [], 0
@@ -100,6 +110,8 @@ def run(out: Path) -> int:
     rank = dist.get_rank()
     workers = dist.new_group(ranks=list(range(n)), timeout=timeout)
     rows: list[dict[str, Any]] = []
+    placement = out / "placement.json"  # written by modelling.microbench before the launch
+    placed = {"node_of_rank": json.loads(placement.read_text())["node_of_rank"]} if placement.exists() else {}
     for nbytes in spec["sizes"]:
         numel = max(nbytes // 4, 1)
         buf = torch.ones(numel)
@@ -113,7 +125,7 @@ def run(out: Path) -> int:
             # would time the kernel's page faults and zeroing, not the transfer.
             recv = _push_pull_buffers(numel, rank, n, s)
             times = _timed(lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout), repeats, gap)
-            rows.append(_row("ps", n, s, numel * 4, times))
+            rows.append(_row("ps", n, s, numel * 4, _slowest_worker(times, n)) | placed)
     hosts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, platform.node())
     if rank == 0:
@@ -126,7 +138,9 @@ def run(out: Path) -> int:
             "link_bytes_per_s": spec.get("link_bytes_per_s"),
             "gap_s": gap,
             "measurements": rows,
-            "environment": _environment(n + s) | {"hosts": len(set(hosts))},
+            # One hostname may hold several nodes (network namespaces): count both.
+            "environment": _environment(n + s)
+            | {"hosts": len(set(hosts)), "nodes": len(set(placed.get("node_of_rank", [0])))},
         }
         (out / "comm.json").write_text(json.dumps(comm, indent=2))
     dist.destroy_process_group()

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from modelling.dag import Costs, Plan, Resource, build_plan, comm_groups, without_compute
+from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
 from modelling.fit import CommCosts, CommModelError
 from modelling.layers import check_layers
+from modelling.links import multi_node
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 
@@ -56,6 +57,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         transfer_cpu_s=copying_part(transfer) if on_cpu else None,
         straggle_s=expected_straggle(samples, s.workers) * scale if s.algorithm == "ssgd" else 0.0,
         comm_on_cpu=on_cpu,
+        node_of_rank=s.node_of_rank,
     )
 
 
@@ -75,10 +77,12 @@ def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = N
     """Whether the comm model was measured with every rank on one host and no link of known
     rate between them: loopback, where moving bytes is CPU work that competes with compute.
     A bandwidth what-if puts a real link in its place, and a world of more ranks than were
-    measured on the host is taken to span more hosts like it."""
+    measured on the host is taken to span more hosts like it. Ranks placed on several
+    nodes (an emulated cluster shares one hostname) talk over links: not loopback."""
     env = comm_model.get("environment") or {}
     return (
         env.get("hosts") == 1
+        and env.get("nodes", 1) == 1
         and comm_model.get("link_bytes_per_s") is None
         and bandwidth_bytes_per_s is None
         and ranks <= env.get("world_size", ranks)
@@ -214,10 +218,12 @@ def _scenario(scenario: Scenario | None, settings: dict[str, Any]) -> Scenario:
 
 
 def _decided(s: Scenario, comm_model: dict[str, Any]) -> Scenario:
-    """comm_on_cpu None: whether the comm model is loopback for this world."""
+    """comm_on_cpu None: whether the comm model is loopback for this world, and the world
+    itself on one node (placed over nodes, its transfers cross links)."""
     if s.comm_on_cpu is not None:
         return s
-    return s.model_copy(update={"comm_on_cpu": loopback(comm_model, s.bandwidth_bytes_per_s, s.ranks)})
+    on_cpu = loopback(comm_model, s.bandwidth_bytes_per_s, s.ranks) and not multi_node(s.node_of_rank)
+    return s.model_copy(update={"comm_on_cpu": on_cpu})
 
 
 def predict(
@@ -257,8 +263,9 @@ def predicted_timeline(
     return _records(plan, simulate(plan.dag))
 
 
-def _server_of(resources: tuple[Resource, ...]) -> str:
-    return next(r.owner for r in resources if r.role == "server")
+def _server_of(task_name: str) -> str:
+    """'push s1' -> 'server1': every PS transfer's name ends with its shard."""
+    return "server" + task_name.rpartition(" s")[2]
 
 
 def _records(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:
@@ -276,7 +283,7 @@ def _records(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:
             mark(dag.owners[t], dag.steps[t], "update", t)
         elif kind == "comm":  # a push, a pull, or ASGD's whole push-apply-pull
             phase = SERVER_PHASE[dag.names[t].partition(" ")[0]]
-            mark(_server_of(dag.resources[t]), dag.steps[t], phase, t)
+            mark(_server_of(dag.names[t]), dag.steps[t], phase, t)
     ranks = {o: i for i, o in enumerate(plan.iteration_ends)}
     records = []
     for (owner, step), phases in spans.items():

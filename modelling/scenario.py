@@ -38,6 +38,11 @@ class Scenario(Config):
     comm_on_cpu: bool | None = Field(
         None, description="Transfers hold the CPUs at their ends; default: when the comm model is loopback."
     )
+    node_of_rank: tuple[int, ...] | None = Field(
+        None,
+        description="The node of every rank, workers then shards, as the provider places them "
+        "(infra/placement.py); default: one host.",
+    )
 
     @field_validator("algorithm")
     @classmethod
@@ -68,6 +73,16 @@ class Scenario(Config):
             raise ValueError(f"comm ps needs at least 1 shard, got {v}")
         return v
 
+    @field_validator("node_of_rank")
+    @classmethod
+    def _placed(cls, v: tuple[int, ...] | None, info: ValidationInfo) -> tuple[int, ...] | None:
+        workers, servers = info.data.get("workers"), info.data.get("servers")
+        if v is not None and workers is not None and servers is not None and len(v) != workers + servers:
+            raise ValueError(f"places {len(v)} ranks, but the job has {workers} workers + {servers} shards")
+        if v is not None and min(v, default=0) < 0:
+            raise ValueError(f"node numbers start at 0, got {list(v)}")
+        return v
+
     @classmethod
     def from_train_config(cls, cfg: TrainConfig, **overrides: Any) -> Scenario:
         """The scenario of a training job (overrides: what-ifs such as bandwidth_bytes_per_s)."""
@@ -86,6 +101,7 @@ class Scenario(Config):
             "overlap": summary.get("overlap"),
             "bucket_mb": config.get("bucket_mb"),
             "batch_size": summary["batch_size"],
+            "node_of_rank": (summary.get("placement") or {}).get("node_of_rank"),
         }
         return cls.of("scenario", **{k: v for k, v in values.items() if v is not None})
 
@@ -95,6 +111,10 @@ class Scenario(Config):
         return {k: v for k, v in options.items() if k in cls.model_fields}
 
     def with_workers(self, workers: int) -> Scenario:
+        """The same scenario at another world size (a placement is of one world size: give
+        each its own)."""
+        if workers == self.workers:
+            return self
         return Scenario.of("scenario", **{**self.model_dump(), "workers": workers})
 
     @property

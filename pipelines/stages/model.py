@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> li
     from modelling.scenario import Scenario
 
     sizes = sorted(set(spec.workers) | set(spec.what_if.workers))
+    placed = _placements(spec, sizes)
     rates = [(spec.network.link_bandwidth, spec.network.bytes_per_s)]
     rates += [(r, parse_rate(r)) for r in spec.what_if.link_bandwidths]
     rows: list[dict[str, Any]] = []
@@ -56,17 +58,19 @@ def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> li
         for batch in spec.batch_sizes:
             layers = layers_by[workload_dir(wl, batch)]
             for algo in spec.algorithms:
-                for label, rate in rates:
+                for (label, rate), n in itertools.product(rates, sizes):
                     scenario = Scenario.of(
                         "spec",
                         algorithm=algo.name.value,
                         comm=algo.comm_mode.value,
+                        workers=n,
                         servers=spec.servers,
                         bandwidth_bytes_per_s=rate,
                         batch_size=batch,
                         **Scenario.settings_in(algo.options),
                     )
-                    for p in predict_model(layers, model, scenario, workers=sizes):
+                    scenario = scenario.model_copy(update={"node_of_rank": placed.get((n, scenario.servers))})
+                    for p in predict_model(layers, model, scenario):
                         rows.append(
                             {
                                 "workload": wl.label,
@@ -82,6 +86,22 @@ def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> li
                             }
                         )
     return rows
+
+
+def _placements(spec: BenchSpec, sizes: list[int]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(workers, servers) -> the node of every rank as the spec's provider places that job
+    (DESIGN §5), for the grid's and the what-if world sizes; a what-if this cluster cannot
+    place is predicted without a placement (a cluster like it, large enough)."""
+    from infra import ProviderError, get_provider
+
+    provider = get_provider(spec.provider.name, **spec.provider.options)  # provisions nothing
+    out = {}
+    for n, servers in itertools.product(sizes, {0, spec.servers}):
+        try:
+            out[(n, servers)] = provider.place(n, servers).node_of_rank
+        except ProviderError:
+            continue
+    return out
 
 
 def predict(ctx: RunContext) -> dict:
