@@ -87,8 +87,8 @@ def onboarding_overrides(params: dict[str, Any]) -> dict[str, Any]:
     measured = sorted(set(params["world_sizes"]))
     what_if = [2**k for k in range(PREDICT_UP_TO.bit_length()) if 2**k not in measured]
     provider_options: dict[str, Any] = {}
-    if params["provider"] != "local":
-        provider_options["nodes"] = nodes
+    if params["provider"] != "local":  # one worker per device, filling nodes in order (infra/placement.py)
+        provider_options |= {"nodes": nodes, "devices_per_node": per_node}
     if params["provider"] == "netns":  # it shapes its emulated links to this rate
         provider_options["bandwidth"] = f"{params['bandwidth_gbps']:g}gbit"
     return {

@@ -199,6 +199,8 @@ def test_onboarding_rejects_fields_that_contradict_each_other(airflow_home: Path
     assert spec["what_if"]["workers"] == [1, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     assert spec["algorithms"] == [{"name": "ssgd", "comm": "allreduce"},
                                   {"name": "odsgd", "comm": "ps"}]
+    netns = onboarding_overrides(form | {"provider": "netns", "nodes": 2, "world_sizes": [2, 4]})
+    assert netns["provider"]["options"] == {"nodes": 2, "devices_per_node": 2, "bandwidth": "100gbit"}
 
 
 # -- end to end ------------------------------------------------------------------------------
