@@ -48,6 +48,7 @@ from infra.base import (
 )
 from infra.lifeline import Launcher, wait_for_exit, watchdog
 from infra.options import PlacementOptions, integer_at_least
+from infra.placement import Placement
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
@@ -158,7 +159,7 @@ class KubernetesProvider(Provider):
 
     def objects(self, job: Job, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The headless Service and the Indexed Job of a run, as Kubernetes API dicts."""
-        per_node = self.uniform_ranks_per_node(job)
+        placement = self.place_job(job)
         launcher = Launcher.this()
         labels = {"app.kubernetes.io/name": "ddlbench", JOB_LABEL: name}
         if self.run_label:
@@ -182,17 +183,7 @@ class KubernetesProvider(Provider):
                 "ports": [{"name": "rendezvous", "port": self.master_port}],
             },
         }
-        command = torchrun_shell(
-            per_node,
-            self.nodes,
-            job.module,
-            job.args,
-            '"$JOB_COMPLETION_INDEX"',
-            f"{name}-0.{name}",
-            str(self.master_port),
-            self.python,
-            max_restarts=job.max_restarts,
-        )
+        command = self._pod_command(job, placement, f"{name}-0.{name}")
         env = {"OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"} | job.env
         resources: dict[str, dict[str, str]] = {}
         if self.cpu:
@@ -241,6 +232,35 @@ class KubernetesProvider(Provider):
             "spec": job_spec,
         }
         return service, k8s_job
+
+    def _pod_command(self, job: Job, placement: Placement, master: str) -> str:
+        """What pod i runs: its placement node's torchrun agents (infra/placement.py). A uniform
+        placement is one torchrun per pod, `--node-rank` the pod's index; otherwise each pod starts
+        its node's agents (a node's workers, and its colocated shards) in the background, with
+        `--node-rank` the agent's index, and the first to fail fails the pod."""
+        agents = placement.agents()
+
+        def torchrun(nproc: int, nnodes: int, node_rank: str) -> str:
+            return torchrun_shell(nproc, nnodes, job.module, job.args, node_rank, master, str(self.master_port),
+                                  self.python, max_restarts=job.max_restarts)
+
+        if placement.uniform:
+            return torchrun(agents[0].nproc, len(agents), '"$JOB_COMPLETION_INDEX"')
+        lines = ['case "$JOB_COMPLETION_INDEX" in']
+        for node in range(self.nodes):
+            mine = [f"{torchrun(a.nproc, len(agents), str(i))} &" for i, a in enumerate(agents) if a.node == node]
+            lines.append(f"  {node}) " + (" ".join(mine) if mine else "exit 0") + " ;;")
+        lines += [
+            "esac",
+            "status=0",
+            "for _ in $(jobs -p); do",
+            "  wait -n && continue",
+            "  code=$?",
+            '  [ "$status" -ne 0 ] || { status=$code; kill $(jobs -p) 2>/dev/null; }',
+            "done",
+            'exit "$status"',
+        ]
+        return "\n".join(lines)
 
     # -- API -------------------------------------------------------------------------------
 

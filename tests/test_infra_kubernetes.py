@@ -25,6 +25,7 @@ import yaml
 from kubernetes import client
 
 from infra import Job, ProviderError, get_provider
+from infra.base import base_env
 from infra.kubernetes import JOB_LABEL, LAUNCHER_ANNOTATION, LAUNCHER_PID_LABEL, KubernetesProvider
 
 REPO = Path(__file__).resolve().parent.parent
@@ -277,8 +278,39 @@ def test_option_errors(tmp_path):
         KubernetesProvider(name_prefix="DDL_bench")
     with pytest.raises(ProviderError, match="provider.options: .*unexpected keyword argument 'gpu'"):
         get_provider("kubernetes", gpu=1)
-    with pytest.raises(ProviderError, match=r"the job.s placement \(2 nodes, colocated: node0 w0 w1, node1 w2\)"):
-        KubernetesProvider(nodes=2).objects(Job("training.run", [], 3, tmp_path / "log"), "x")
+    with pytest.raises(ProviderError, match="provider.options.server_nodes: dedicated shards need 1 to 1"):
+        KubernetesProvider(nodes=2, placement="dedicated", server_nodes=2).objects(
+            Job("training.run", [], 3, tmp_path / "log", servers=1), "x")
+
+
+def test_a_placement_with_different_ranks_per_pod_runs_its_agents_with_the_roles_kept(tmp_path):
+    """2 workers + 1 colocated shard on 2 pods: pod 0 runs worker 0 and the shard (two torchrun
+    agents), pod 1 worker 1. Each pod's command runs here for real (torchrun over loopback)."""
+    provider = KubernetesProvider(nodes=2, gpus_per_node=1, python=sys.executable, master_port=29761)
+    job = Job("tests.rank_probe", [str(tmp_path)], world_size=3, servers=1, log_path=tmp_path / "log")
+    _, k8s_job = provider.objects(job, "probe")
+    pod = k8s_job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert k8s_job["spec"]["completions"] == 2
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # one worker per device
+    command = container["command"][2]
+    assert 'case "$JOB_COMPLETION_INDEX" in' in command
+    pod0 = next(line for line in command.splitlines() if line.startswith("  0)"))
+    assert pod0.count("torch.distributed.run") == 2 and "--node-rank=0" in pod0 and "--node-rank=2" in pod0
+    command = command.replace("probe-0.probe", "127.0.0.1")  # the headless Service's name, here
+    env = base_env() | {"PYTHONPATH": str(REPO)}
+    pods = [subprocess.Popen(["bash", "-c", command],
+                             env=env | {"JOB_COMPLETION_INDEX": str(i), "DDLBENCH_POD": str(i)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            for i in range(2)]
+    try:
+        assert [p.wait(120) for p in pods] == [0, 0]
+    finally:
+        for p in pods:
+            p.kill()
+    ranks = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)}
+    assert {r: v["DDLBENCH_POD"] for r, v in ranks.items()} == {0: "0", 1: "1", 2: "0"}
+    assert all(v["WORLD_SIZE"] == "3" and v["LOCAL_RANK"] == "0" for v in ranks.values())
 
 
 def test_an_unreachable_api_server_is_a_clear_error():
