@@ -369,10 +369,11 @@ def keep(tag: str, nodes: int, lease_s: float, owner: int) -> None:
     """A shared cluster's keeper: its pid is in the cluster's names, so the cluster is live while it
     runs. Teardown ends it (SIGTERM). It removes the cluster itself if the provisioning process dies
     before the cluster is built (its stdin closes without the byte "d" that hands the cluster over),
-    past the lease, or once `owner` (when not 0) has died."""
-    deadline = time.monotonic() + lease_s
-    handed_over = select.select([sys.stdin], [], [], lease_s)[0] and sys.stdin.buffer.read(1) == b"d"
-    left = max(0.0, deadline - time.monotonic()) if handed_over else 0.0
+    `lease_s` after the hand-over, or once `owner` (when not 0) has died."""
+    # Blocks until the byte comes or the provisioner's end of the pipe closes (it died): however
+    # long building the cluster takes. The lease runs from the hand-over.
+    handed_over = sys.stdin.buffer.read(1) == b"d"
+    left = lease_s if handed_over else 0.0
     fd = None
     if owner and left:
         try:

@@ -368,7 +368,9 @@ def test_the_keeper_removes_the_cluster_past_its_lease_or_when_its_owner_dies():
     owner.kill()  # the one `ddlbench run` process, killed outright
     owner.wait()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(t in links() for t in (tag, leased["tag"])):
+    # the keeper removes the bridge last, then exits: wait for both
+    while time.monotonic() < deadline and (any(t in links() for t in (tag, leased["tag"]))
+                                           or _alive(_keeper_pid(leased))):
         time.sleep(0.1)
     for gone in (tag, leased["tag"]):
         assert not any(gone in n for n in namespaces()) and gone not in links()
