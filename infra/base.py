@@ -279,15 +279,6 @@ class Provider(ABC):
     def place_job(self, job: Job) -> Placement:
         return self.place(job.world_size - job.servers, job.servers)
 
-    def uniform_ranks_per_node(self, job: Job) -> int:
-        """Ranks per node of a job whose placement runs one agent of the same size on every node
-        (what a scheduler that starts one command on every node launches as it is)."""
-        placement = self.place_job(job)
-        if not placement.uniform:
-            raise ProviderError(f"{self.name}: this provider starts the same torchrun on every node; "
-                                f"the job's placement ({placement.describe()}) needs one per role and node")
-        return placement.agents()[0].nproc
-
     def provision_shared(self, owner: int | None = None) -> list[Node]:
         """Provision a cluster that outlives this process, for the other tasks of one pipeline run
         to `adopt` (its `handle()`) until one of them tears it down. `owner`: a process whose death

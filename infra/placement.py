@@ -63,13 +63,6 @@ class Placement:
     def servers_on(self, node: int) -> list[int]:
         return [r for r in range(self.workers, self.world_size) if self.node_of_rank[r] == node]
 
-    def ranks_on(self, node: int) -> list[int]:
-        return [r for r in range(self.world_size) if self.node_of_rank[r] == node]
-
-    @property
-    def used_nodes(self) -> list[int]:
-        return sorted(set(self.node_of_rank))
-
     def agents(self) -> list[Agent]:
         """The torchrun agents in rank order: each node's workers, then each node's shards."""
         out: list[Agent] = []
