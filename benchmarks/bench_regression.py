@@ -12,13 +12,16 @@
 
 Resampling draws runs independently, so slow drifts of the machine's load (runs of one evening
 that are all slow) are not in the replay; the recorded spread is that of one recording session.
-The machine is shared (2 cores, other test suites running): the recorded spread is a loaded one.
+The recording keeps, per round, the share of the machine's CPU time that other work used (all busy
+CPU time from /proc/stat less this recording's own processes), and the header says whether the
+machine was quiet: a spread recorded under load (other suites on the 2 cores) is not a quiet one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binomtest
 
+from infra.hostload import QUIET, CpuProbe
 from infra.local import LocalProvider
 from pipelines.launch import launch, prepare
 from pipelines.report_regression import check_throughput
@@ -47,16 +51,20 @@ def record(rounds: int, spec_path: Path, save: Path) -> dict[str, Any]:
         "hardware": spec.hardware,
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rounds": 0,
+        "cores": os.cpu_count(),
+        "other_load": [],  # per round: CPU time of other work / (cores x wall time)
         "throughput": {e["key"].removesuffix("-r0"): [] for e in entries},
     }
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
         for r in range(rounds):
+            probe = CpuProbe()
             for e in entries:
                 cfg = prepare(e["config"], "bench")
                 out = Path(d) / f"{e['key']}-{r}"
                 s = launch(cfg, out, LocalProvider(), timeout_s=spec.train_timeout_s, echo=False)
                 rec["throughput"][e["key"].removesuffix("-r0")].append(s["throughput_samples_per_s"])
+            rec["other_load"].append(round(probe.other_share() or 0.0, 3))
             rec["rounds"] = r + 1
             save.write_text(json.dumps(rec, indent=2))
             print(f"    round {r + 1}/{rounds} recorded ({time.time() - t0:.0f} s)", flush=True)
@@ -86,6 +94,17 @@ def replay(
     return new, old
 
 
+
+def _load(rec: dict[str, Any]) -> str:
+    """The machine's load during the recording, as the header says it: quiet or loaded."""
+    loads = rec.get("other_load")
+    if not loads:
+        return "load of other work not recorded"
+    state = "a quiet machine" if max(loads) < QUIET else "a loaded machine (other work on its cores)"
+    return (f"other work used {statistics.median(loads):.0%} [{min(loads):.0%}, {max(loads):.0%}] of "
+            f"{rec.get('cores')} cores per round: {state}")
+
+
 def _rate(k: int, n: int) -> str:
     ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
     return f"{k / n:6.1%} [{ci.low:.1%}, {ci.high:.1%}]"
@@ -108,10 +127,7 @@ def main() -> None:
         rec = record(args.rounds, args.spec, args.save)
         print(f"recording saved to {args.save}")
     spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect)
-    print(
-        f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} runs per config, "
-        "shared 2-core machine under other test suites: a loaded spread):"
-    )
+    print(f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} runs per config, {_load(rec)}):")
     for config, vals in rec["throughput"].items():
         med = statistics.median(vals)
         print(

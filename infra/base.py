@@ -250,6 +250,9 @@ class Provider(ABC):
     """Provision nodes, run jobs on them, always tear down (use as a context manager)."""
 
     name: str = "provider"
+    # The job's processes are this process's descendants on this host, so the launcher can tell
+    # their CPU time from other work's (infra/hostload.py).
+    measures_host_load: bool = False
     nodes: int = 1
     options_model: ClassVar[type[ProviderOptions]]  # its options, built from keyword arguments
     options: ProviderOptions

@@ -17,6 +17,7 @@ class LocalOptions(ProviderOptions):
 
 class LocalProvider(Provider):
     name = "local"
+    measures_host_load = True
     options_model = LocalOptions
 
     def __init__(self, **options: Any) -> None:

@@ -182,6 +182,7 @@ class NetnsProvider(Provider):
     """K nodes as network namespaces on a bridge, each link shaped to `bandwidth`."""
 
     name = "netns"
+    measures_host_load = True
     options_model = NetnsOptions
 
     def __init__(self, **options: Any) -> None:

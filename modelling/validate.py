@@ -80,6 +80,7 @@ def validate_run(
         "servers": summary.get("servers", 0),
         "model": summary["model"],
         "batch_size": summary["batch_size"],
+        "placement": placement_label(summary),
         "predicted_iter_s": pred["iter_time_s"],
         "measured_iter_s": measured,
         "error": (pred["iter_time_s"] - measured) / measured,
@@ -114,14 +115,23 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-CONFIG_KEYS = ("model", "algorithm", "comm", "workers", "servers", "batch_size")
+CONFIG_KEYS = ("model", "algorithm", "comm", "workers", "servers", "batch_size", "placement")
+
+
+def placement_label(summary: dict[str, Any]) -> str:
+    """'one host', or '2 nodes colocated': runs of one configuration on other placements are other
+    configurations (another cluster, other links), not repeats."""
+    p = summary.get("placement") or {}
+    nodes = p.get("nodes") or 1
+    return "one host" if nodes == 1 else f"{nodes} nodes {p.get('policy')}"
 
 
 def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per configuration: the median over its repeats."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in runs:
-        groups.setdefault(tuple(r.get(k) for k in CONFIG_KEYS), []).append(r)
+        key = tuple(r.get(k, "one host" if k == "placement" else None) for k in CONFIG_KEYS)
+        groups.setdefault(key, []).append(r)
     out = []
     for key, rs in groups.items():
         predicted = statistics.median(r["predicted_iter_s"] for r in rs)

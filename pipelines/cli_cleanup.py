@@ -20,9 +20,10 @@ import click
 import yaml
 
 
-def sweep(kubernetes: dict[str, Any] | None = None) -> list[str]:
+def sweep(kubernetes: dict[str, Any] | None = None, slurm_confs: tuple[str, ...] = ()) -> list[str]:
     """What was removed, one line each: netns namespaces (with their links and bridge), SLURM
-    jobs, and, given provider options, Kubernetes Jobs (with their pods and Services)."""
+    jobs (of the default cluster and of every `slurm_confs` one), and, given provider options,
+    Kubernetes Jobs (with their pods and Services)."""
     from infra.slurm import cancel_orphans, controller_up
 
     removed: list[str] = []
@@ -30,8 +31,10 @@ def sweep(kubernetes: dict[str, Any] | None = None) -> list[str]:
         from infra.netns import cleanup_stale
 
         removed += [f"netns namespace {ns}" for ns in cleanup_stale()]
-    if controller_up():
-        removed += [f"slurm job {job_id}" for job_id in cancel_orphans()]
+    for conf in (None, *slurm_confs):
+        if controller_up(conf):
+            where = f" ({conf})" if conf else ""
+            removed += [f"slurm job {job_id}{where}" for job_id in cancel_orphans(conf)]
     if kubernetes is not None:
         from infra.kubernetes import KubernetesProvider
 
@@ -49,11 +52,11 @@ def _kubernetes_options(_ctx: Any, param: Any, value: str | None) -> dict[str, A
     return options
 
 
-def _cleanup(kubernetes: dict[str, Any] | None) -> None:
+def _cleanup(kubernetes: dict[str, Any] | None, slurm_confs: tuple[str, ...]) -> None:
     from infra import ProviderError
 
     try:
-        removed = sweep(kubernetes)
+        removed = sweep(kubernetes, slurm_confs)
     except ProviderError as err:
         raise click.UsageError(str(err)) from None
     for line in removed:
@@ -66,7 +69,8 @@ cleanup = click.Command(
     "cleanup",
     callback=_cleanup,
     help="Remove what jobs of dead launchers on this host left behind: netns namespaces, bridges "
-    "and veths, SLURM jobs, and (with --kubernetes) Kubernetes Jobs. Live runs are never touched. "
+    "and veths, SLURM jobs (also of each --slurm-conf cluster), and (with --kubernetes) Kubernetes Jobs. "
+    "Live runs are never touched. "
     "MLflow runs left RUNNING: `ddlbench sync`.",
     params=[
         click.Option(
@@ -76,6 +80,15 @@ cleanup = click.Command(
             metavar="OPTIONS",
             help="Also delete Jobs of dead launchers through this cluster: the provider's options as "
             "YAML, e.g. '{namespace: bench, kubeconfig: ~/.kube/config}'.",
+        ),
+        click.Option(
+            ["--slurm-conf", "slurm_confs"],
+            multiple=True,
+            type=click.Path(exists=True, dir_okay=False),
+            metavar="PATH",
+            help="Also cancel orphaned jobs and run allocations of the SLURM cluster of this slurm.conf "
+            "(a provider's `slurm_conf` option); repeatable. The default cluster (SLURM_CONF or the "
+            "tools' own) is always swept.",
         ),
     ],
 )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import Job, JobResult, Provider
+from infra.hostload import CpuProbe
 from training.config import ConfigError, TrainConfig, build_config
 
 
@@ -88,6 +89,7 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
               log_path=out / "launcher.log", timeout_s=timeout_s, max_restarts=cfg.max_restarts)
     placement = provider.place_job(job).as_dict()
     (out / "placement.json").write_text(json.dumps(placement, indent=2))
+    probe = CpuProbe() if provider.measures_host_load else None
     result = provider.run(job, echo=echo)
     summary_path = out / "summary.json"
     if (out / DIVERGED).exists():
@@ -100,6 +102,9 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
         raise JobFailed(result)
     summary = json.loads(summary_path.read_text())
     summary["placement"] = placement  # where the ranks ran (DESIGN §4: every result carries it)
-    summary.setdefault("environment", {})["placement"] = placement["policy"]
+    env = summary.setdefault("environment", {})
+    env["placement"] = placement["policy"]
+    # The CPU share of the host that other work took while the job ran (None: not measurable here).
+    env["host_other_cpu_share"] = probe.other_share() if probe else None
     summary_path.write_text(json.dumps(summary, indent=2))
     return summary

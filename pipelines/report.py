@@ -21,7 +21,16 @@ from pipelines.report_regression import (
     regression_check,
 )
 from pipelines.report_regression import markdown as regression_markdown
-from pipelines.report_tables import PHASES, best_per_config, collect_runs, columns, comparison, config_label
+from pipelines.report_tables import (
+    PHASES,
+    best_per_config,
+    collect_runs,
+    columns,
+    comparison,
+    config_label,
+    describe_load,
+    host_load,
+)
 
 __all__ = [
     "PHASES",
@@ -54,6 +63,7 @@ def write_report(
     """report.md (readable) and report.json (what the next run compares against)."""
     out.mkdir(parents=True, exist_ok=True)
     best = best_per_config(table)
+    load = host_load(runs)
     doc = {
         "run_key": ctx["run_key"],
         "spec_hash": ctx["spec_hash"],
@@ -67,6 +77,7 @@ def write_report(
         "inject_delay_ms": check["inject_delay_ms"],
         "statistic": STATISTIC,
         "thresholds": spec.regression.model_dump(),
+        "host_other_cpu_share": load,
     }
     (out / "report.json").write_text(json.dumps(doc, indent=2, default=str))
     md = [
@@ -74,6 +85,8 @@ def write_report(
         "",
         f"Spec `{spec.name}` (hash `{ctx['spec_hash']}`), hardware `{ctx['hardware']}`, "
         f"suite `{ctx['suite']}`, git `{ctx.get('git_commit') or 'unknown'}`, {len(runs)} training runs.",
+        "",
+        describe_load(load),
         "",
         "## Algorithms compared",
         "",
@@ -134,6 +147,9 @@ def write_report(
     else:
         md.append("No validation (profile, microbench or training skipped or failed).")
     md += ["", *regression_markdown(check, spec.regression)]
+    if load and load["loaded"] and check["checks"]:
+        md += ["", f"Caution: this run was measured on a loaded host (other work used up to {load['max']:.0%} of its "
+                   "CPU); a slowdown found here may be the load, not the code."]
     md += [
         "",
         f"Plots: {', '.join(plot_names(runs, table, validation))} (MLflow artifacts of the report run).",

@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from infra.hostload import QUIET
 from pipelines.spec import config_of
 
 PHASES = ("data", "forward", "backward", "comm_exposed", "update")
@@ -204,3 +205,25 @@ def columns(table: list[dict[str, Any]]) -> dict[str, list[Any]]:
         "scaling_baseline",
     )
     return {k: [row[k] for row in table] for k in keys}
+
+
+def host_load(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The share of the host's CPU that other work used during the training runs (median, min,
+    max over the runs that measured it; infra/hostload.py), or None where none could."""
+    shares = [s for r in runs if (s := (r["summary"].get("environment") or {}).get("host_other_cpu_share")) is not None]
+    if not shares:
+        return None
+    return {"median": statistics.median(shares), "min": min(shares), "max": max(shares), "runs": len(shares),
+            "loaded": max(shares) >= QUIET}
+
+
+def describe_load(load: dict[str, Any] | None) -> str:
+    """The report's line on the conditions: a figure from a loaded host says so."""
+    if load is None:
+        return "Host load: not measured (the provider's ranks are not this launcher's processes)."
+    text = (f"Host load: other work used {load['median']:.0%} [{load['min']:.0%}, {load['max']:.0%}] of the "
+            f"host's CPU during the {load['runs']} training runs")
+    if load["loaded"]:
+        return text + (f": **a loaded host** (quiet is below {QUIET:.0%}); its figures scatter more than a "
+                       "quiet host's, and the regression alarm's rates were measured on a quiet one.")
+    return text + f": a quiet host (below {QUIET:.0%})."

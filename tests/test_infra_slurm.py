@@ -468,7 +468,16 @@ def test_a_run_allocation_whose_owner_died_is_cancelled_as_an_orphan():
         assert job_id not in cancel_orphans(MULTI_CONF)  # its owner lives
         owner_process.kill()
         owner_process.wait()
-        assert job_id in cancel_orphans(MULTI_CONF)
+        done = subprocess.run(  # not the default cluster: swept when named
+            [str(Path(sys.executable).with_name("ddlbench")), "cleanup", "--slurm-conf", str(MULTI_CONF)],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"slurm job {job_id} ({MULTI_CONF})" in done.stdout
+        deadline = time.monotonic() + 30  # scancel signals; slurmctld ends the job on its own time
+        while provider.queue_state(job_id) in {"RUNNING", "PENDING"} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert provider.queue_state(job_id) not in {"RUNNING", "PENDING"}
     finally:
         owner_process.kill()
         provider.teardown()

@@ -60,6 +60,7 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
     run = tmp_path / "run"
     cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 16, "steps": 30}, "test")
     summary = launch(cfg, run, LocalProvider(), timeout_s=300, echo=False)
+    assert 0.0 <= summary["environment"]["host_other_cpu_share"] <= 1.0  # measured: the ranks are ours
     with pytest.raises(ValidationInputError, match="no layers.json"):
         validate_runs([run])
     write_layers(layers, run)
@@ -69,6 +70,7 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
     [r] = result["runs"]
     assert r["measured_iter_s"] == summary["iter_time_s"]["p50"]
     assert r["algorithm"] == "ssgd" and r["comm"] == "allreduce" and r["workers"] == 2
+    assert r["placement"] == "one host" and result["configs"][0]["placement"] == "one host"
     # Loose on purpose: in CI other jobs share these 2 cores and one CI run measured 0.42
     # (8 steps then); the benchmark reports the real figure. Still catches a wrong unit
     # or a lost term.

@@ -69,3 +69,19 @@ def test_repeats_of_a_configuration_count_once_as_their_median() -> None:
     assert (ssgd["repeats"], ssgd["runs"], ssgd["measured_iter_s"]) == (3, ["a", "b", "c"], 0.011)
     assert ssgd["error"] == pytest.approx(-1 / 11)
     assert (asgd["algorithm"], asgd["repeats"], asgd["error"]) == ("asgd", 1, pytest.approx(-0.25))
+
+
+def test_runs_on_other_placements_are_other_configurations_not_repeats() -> None:
+    base = {"model": "m", "algorithm": "ssgd", "comm": "ps", "workers": 2, "servers": 1, "batch_size": 32}
+    runs = [
+        {**base, "run": "a", "placement": "2 nodes colocated", "predicted_iter_s": 0.010, "measured_iter_s": 0.010},
+        {**base, "run": "b", "placement": "3 nodes dedicated", "predicted_iter_s": 0.020, "measured_iter_s": 0.016},
+        {**base, "run": "c", "placement": "2 nodes colocated", "predicted_iter_s": 0.010, "measured_iter_s": 0.012},
+        {**base, "run": "d", "predicted_iter_s": 0.005, "measured_iter_s": 0.005},  # no label: one host
+    ]
+    colocated, dedicated, local = group_repeats(runs)
+    assert (colocated["placement"], colocated["runs"], colocated["measured_iter_s"]) == (
+        "2 nodes colocated", ["a", "c"], 0.011)
+    assert (dedicated["placement"], dedicated["repeats"], dedicated["error"]) == (
+        "3 nodes dedicated", 1, pytest.approx(0.25))
+    assert (local["placement"], local["runs"]) == ("one host", ["d"])
