@@ -56,6 +56,9 @@ class Costs:
     transfer_cpu_s: Callable[[int], float] | None = None
     # The node of every rank (workers, then shards) when placed on several nodes; None: one host.
     node_of_rank: Sequence[int] | None = None
+    # Placed, what a socket takes of a send before it blocks the sender (modelling/links.py):
+    # an ASGD shard's reply of at most this many bytes leaves it free while the link carries it.
+    send_buffer_bytes: int = 0
 
     @property
     def model_bytes(self) -> int:
@@ -393,7 +396,15 @@ class ODSGDPlan(_SyncServer):
 
 
 class ASGDPlan(_PSBuilder):
-    """ASGD: each shard serves one push at a time, its update and reply included; no barrier."""
+    """ASGD: each shard serves one push at a time, its update and reply included; no barrier.
+
+    On a dedicated shard node the reply is a socket send: the shard goes back to receiving
+    once the socket has taken it (all but its last `send_buffer_bytes`), while the link
+    carries the rest. On one host the copy is the transfer, so the shard's loop holds it
+    throughout; so it does for a colocated shard, whose node's own workers reach it in a
+    memory copy and race the remote ones to its next receive (measured with mlp at 200
+    Mbit/s: worker 0 won one pass or two per pass of worker 1, by a few ms either way), a
+    race the serial pass reproduces and the buffered one turns into several passes."""
 
     concurrent = False  # the shard's serial loop, not the link, orders the workers
 
@@ -401,6 +412,9 @@ class ASGDPlan(_PSBuilder):
         c, pulls = self.c, [[] for _ in self.mult]
         for k, w in enumerate(self.owners):
             for s in range(self.servers):
+                if self.placed and self.shard_node[s] not in self.class_node:
+                    pulls[k].append(self._served(t, k, s, packs[k]))
+                    continue
                 # One pass of the shard's serial loop: receive, apply, reply.
                 transfer = self.transfer_s(k, s, self.shard_bytes[s])
                 serve = self.mult[k] * (2 * transfer + c.server_apply_s / self.servers)
@@ -411,6 +425,23 @@ class ASGDPlan(_PSBuilder):
                                           (*links, compute("server", s)), self.cpus(k), (packs[k],),
                                           kind="comm", owner=w, step=t))
         return pulls
+
+    def _served(self, t: int, k: int, s: int, pack: int) -> int:
+        """Placed: one pass of the shard's loop for the class's pushes (receive, apply, and reply
+        until the socket has taken all but the last reply's buffered part) holds the shard;
+        then that part crosses the pull's links while the shard serves on."""
+        c, w = self.c, self.owners[k]
+        nbytes, m = self.shard_bytes[s], self.mult[k]
+        transfer = self.transfer_s(k, s, nbytes)
+        buffered = min(c.send_buffer_bytes / nbytes, 1.0) if nbytes else 1.0  # of one reply
+        serve = m * (transfer + c.server_apply_s / self.servers) + (m - buffered) * transfer
+        # The pass holds the push's links, not the pull's: a link the next pass held from its
+        # start would keep this reply's last part waiting behind a whole push, where the shard's
+        # loop, which sends only after it has received, is what orders the replies.
+        loop = self.dag.add(f"push-apply-pull s{s}", serve, (*self.links(k, s, True), compute("server", s)),
+                            (pack,), kind="comm", owner=w, step=t)
+        return self.dag.add(f"pull s{s}", buffered * transfer, self.links(k, s, False), (loop,),
+                            kind="comm", owner=w, step=t)
 
 
 PS_PLANS: dict[str, type[_PSBuilder]] = {"ssgd": PSSSGDPlan, "asgd": ASGDPlan, "odsgd": ODSGDPlan}

@@ -210,6 +210,7 @@ class CommCosts:
     def __init__(self, model: dict[str, Any], bandwidth_bytes_per_s: float | None = None) -> None:
         self.fits = model["fits"]
         self.bw = bandwidth_bytes_per_s
+        self.environment = model.get("environment") or {}
 
     def _nearest(self, prim: str, workers: int, servers: int = 0) -> dict[str, Any] | None:
         cands = [f for f in self.fits if f["primitive"] == prim]

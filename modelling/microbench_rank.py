@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from modelling.fit import COMM_KIND
+from modelling.links import tcp_wmem_max
 
 _SCRATCH = torch.ones(64, 64)
 
@@ -192,6 +193,7 @@ def _environment(world: int) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "world_size": world,
         "python": platform.python_version(),
+        "tcp_wmem_max": tcp_wmem_max(),  # how much of a send its socket absorbs (modelling/links.py)
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
 from modelling.fit import CommCosts, CommModelError
 from modelling.layers import check_layers
-from modelling.links import multi_node
+from modelling.links import multi_node, send_buffer_bytes
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 
@@ -58,6 +58,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         straggle_s=expected_straggle(samples, s.workers) * scale if s.algorithm == "ssgd" else 0.0,
         comm_on_cpu=on_cpu,
         node_of_rank=s.node_of_rank,
+        send_buffer_bytes=send_buffer_bytes(comm.environment),
     )
 
 

@@ -89,8 +89,11 @@ COMPUTE = DATA + F + B + PACK  # until the gradients are ready to push
 SERVER = SERVER_UPDATE + SERVER_ADD  # the shard's update of 2 pushes
 
 
-def _predict(algorithm: str, node_of_rank: tuple[int, ...]) -> dict:
-    comm = fit_comm(_ps_comm(node_of_rank), link_bytes_per_s=LINK)
+def _predict(algorithm: str, node_of_rank: tuple[int, ...], tcp_wmem_max: int | None = None) -> dict:
+    raw = _ps_comm(node_of_rank)
+    if tcp_wmem_max:
+        raw["environment"]["tcp_wmem_max"] = tcp_wmem_max
+    comm = fit_comm(raw, link_bytes_per_s=LINK)
     scenario = Scenario.of("t", algorithm=algorithm, comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
     [r] = predict(TABLE, comm, scenario)
     return r
@@ -122,11 +125,39 @@ def test_odsgd_and_asgd_by_placement_equal_their_pipelines_by_hand() -> None:
     assert colocated["iter_time_s"] == pytest.approx(max(local, 2 * T + SERVER), rel=1e-6)
     dedicated = _predict("odsgd", _placed(2, 1, 2, "dedicated"))
     assert dedicated["iter_time_s"] == pytest.approx(max(local, 4 * T + SERVER), rel=1e-6)
-    # ASGD, dedicated: the shard serves one push at a time (receive, apply, reply: 2T + add),
-    # so two workers on one node's link alternate; each waits for the other's pass.
-    asgd = _predict("asgd", _placed(2, 1, 2, "dedicated"))
-    serve = 2 * T + SERVER_ADD
-    assert asgd["iter_time_s"] == pytest.approx(max(COMPUTE + UNPACK + serve, 2 * serve), rel=1e-6)
+
+
+def test_asgd_on_a_dedicated_shard_node_replies_through_the_socket_buffer() -> None:
+    """The shard serves one push at a time (receive, apply, reply) and goes back to receiving
+    once its socket has taken the reply: all but the last half of Linux's 4 MiB send-buffer
+    ceiling (2 MiB). Both workers on node 0, the shard alone on node 1; M = 4 MB."""
+    node_of_rank = _placed(2, 1, 2, "dedicated")
+    assert node_of_rank == (0, 0, 1)
+    buffered = 2**21 / M  # of a reply, on the links after the shard has gone on
+    serve = T + SERVER_ADD + (1 - buffered) * T  # the shard's pass: the push, apply, the blocking part
+    worker = COMPUTE + serve + buffered * T + UNPACK  # a worker's cycle, the shard free
+    asgd = _predict("asgd", node_of_rank)
+    assert 2 * serve > worker  # here the shard's loop sets the pace: two passes per round
+    assert asgd["iter_time_s"] == pytest.approx(2 * serve, rel=1e-6)
+    # A ceiling of 16 MiB takes the whole reply: the pass is the push and apply alone, and the
+    # workers' own cycle (compute, push, apply, the reply on the link, unpack) sets the pace.
+    roomy = _predict("asgd", node_of_rank, tcp_wmem_max=16 * 2**20)
+    assert 2 * (T + SERVER_ADD) < COMPUTE + 2 * T + SERVER_ADD + UNPACK
+    assert roomy["iter_time_s"] == pytest.approx(COMPUTE + 2 * T + SERVER_ADD + UNPACK, rel=1e-6)
+
+
+def test_asgd_on_a_colocated_shard_holds_its_loop_for_the_whole_reply() -> None:
+    """Worker 0 shares the shard's node (a memory copy, its latency here) and races worker 1 to
+    the shard's next receive: the serial pass. Worker 1 crosses the link both ways, 2T; worker
+    0 is served while worker 1 computes, and then waits for worker 1's pass."""
+    asgd = _predict("asgd", _placed(2, 1, 2, "colocated"))
+    remote = 2 * T + SERVER_ADD
+    local = 2 * ALPHA + SERVER_ADD
+    # Worker 1: compute, its pass, unpack; the shard serves worker 0 during worker 1's compute.
+    # Worker 0: one pass per worker-1 cycle (it waits out worker 1's pass), so the same period.
+    period = COMPUTE + remote + UNPACK
+    assert local + COMPUTE + UNPACK < period
+    assert asgd["iter_time_s"] == pytest.approx(period, rel=1e-6)
 
 
 def test_placed_on_nodes_the_loopback_corrections_do_not_apply() -> None:
