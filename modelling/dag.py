@@ -59,6 +59,9 @@ class Costs:
     # Placed, what a socket takes of a send before it blocks the sender (modelling/links.py):
     # an ASGD shard's reply of at most this many bytes leaves it free while the link carries it.
     send_buffer_bytes: int = 0
+    # Placed, a worker's CPU time to post a round's sends and receives (gloo writes into the
+    # socket from the caller): on OD-SGD's critical path, inside the others' wait.
+    post_s: float = 0.0
 
     @property
     def model_bytes(self) -> int:
@@ -390,9 +393,11 @@ class ODSGDPlan(_SyncServer):
         self.prev_pulls: list[list[int]] = [[] for _ in self.mult]  # the pulls of W_g(t)
 
     def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
+        c, cpu, w = self.c, (compute("worker", k),), self.owners[k]
+        if c.post_s:  # posting this step's push and pull, before the wait for W_g(t)
+            pack = self.dag.add("post", c.post_s, cpu, (pack,), kind="update", owner=w, step=t)
         deps, self.prev_pulls[k] = (pack, *self.prev_pulls[k]), pulls
-        return self.dag.add("update", self.c.unpack_s + self.c.update_s, (compute("worker", k),), deps,
-                            kind="update", owner=self.owners[k], step=t)
+        return self.dag.add("update", c.unpack_s + c.update_s, cpu, deps, kind="update", owner=w, step=t)
 
 
 class ASGDPlan(_PSBuilder):

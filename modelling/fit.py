@@ -138,7 +138,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
             node_of_rank = placed.get((n, s))
             queue = ps_link_queue(n, s, node_of_rank)
             alpha, beta, sustained = a / (2 * queue), b * s / (2 * queue), top * s / (2 * queue)
-            extra = {"link_queue": queue, "node_of_rank": node_of_rank}
+            extra = {"link_queue": queue, "node_of_rank": node_of_rank, "post_s": _posts(comm, n, s, sizes)}
         else:
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
         flags = list(line["flags"])
@@ -171,6 +171,18 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         )
         fits[-1]["flags"] = flags
     return {"kind": MODEL_KIND, "link_bytes_per_s": link, "environment": comm.get("environment", {}), "fits": fits}
+
+
+def _posts(comm: dict[str, Any], n: int, s: int, sizes: list[float]) -> list[float] | None:
+    """Per size, the median time a worker took to post a round's sends and receives (newer
+    comm.json files; None where a size lacks it)."""
+    by_size: dict[float, list[float]] = {}
+    for row in comm["measurements"]:
+        if (row["primitive"], int(row["workers"]), int(row.get("servers", 0))) == ("ps", n, s) and "post_s" in row:
+            by_size.setdefault(float(row["bytes"]), []).append(float(row["post_s"]))
+    if any(m not in by_size for m in sizes):
+        return None
+    return [statistics.median(by_size[m]) for m in sizes]
 
 
 def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
@@ -252,6 +264,17 @@ class CommCosts:
             beta = 1.0 / self.bw
         n = workers
         return lambda m: 2 * (n - 1) * alpha + (n - 1) / n * m * (2 * beta + gamma)
+
+    def post(self, workers: int, servers: int):
+        """bytes of the model -> seconds a worker takes to post a round's sends and receives to
+        every shard (measured, interpolated over sizes); 0 where the microbenchmark did not
+        time it (older comm.json files)."""
+        f = self._nearest("ps", workers, servers)
+        if f is None or not f.get("post_s"):
+            return lambda _m: 0.0
+        posts = _measured({**f, "measured_s": f["post_s"], "usable": True, "sustained_slope_s_per_byte": None,
+                           "intercept_s": 0.0, "slope_s_per_byte": 0.0})
+        return lambda m: max(posts(m), 0.0)
 
     def transfer(self, workers: int, servers: int):
         """bytes -> seconds of one push or pull between a worker and a shard."""

@@ -39,7 +39,8 @@ def run_microbench(
     echo: bool = False,
 ) -> dict[str, Any]:
     """Measure, write out_dir/comm.json and return its content. Every timed operation
-    follows `gap_s` of computation on every rank, as a training step's communication does."""
+    follows `gap_s` of computation on every rank taking part (the shards sleep through it, as
+    they wait in training), as a training step's communication does."""
     config = MicrobenchConfig.of(
         "microbench",
         workers=workers,

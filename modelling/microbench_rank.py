@@ -41,15 +41,21 @@ def _compute(seconds: float) -> None:
         torch.mm(_SCRATCH, _SCRATCH)
 
 
-def _timed(op, repeats: int, gap_s: float = 0.0, group=None) -> list[float]:
+def _timed(op, repeats: int, gap_s: float = 0.0, group=None, computes: bool = True) -> list[float]:
     """One untimed warm-up, then `repeats` timings. Each starts after a barrier and then
-    `gap_s` of computation on every rank: training reaches its communication from compute,
-    not from a barrier, and pays for what that costs (threads to wake, ranks that arrive
-    a little apart); a back-to-back loop on hot threads does not."""
+    `gap_s` of computation on every rank that `computes` (a worker): training reaches its
+    communication from compute, not from a barrier, and pays for what that costs (threads
+    to wake, ranks that arrive a little apart); a back-to-back loop on hot threads does not.
+    The other ranks sleep through the gap, as a shard waits blocked in its receive (or, for
+    an allreduce, is not there at all): one that computed would compete with the workers
+    for the host's cores, and start its receive a scheduler's time slice late."""
     out = []
     for i in range(repeats + 1):
         dist.barrier(group=group)
-        _compute(gap_s)
+        if computes:
+            _compute(gap_s)
+        else:
+            time.sleep(gap_s)
         t0 = time.perf_counter()
         op()
         if i:
@@ -91,6 +97,14 @@ def _slowest_worker(times: list[float], n: int) -> list[float]:
     return [max(per_rank[:n]) for per_rank in zip(*every, strict=True)]
 
 
+def _median_post(posts: list[float], n: int) -> float:
+    """The median over every worker's repeats of the time it took to post a round (a shard
+    posts none: it contributes nothing)."""
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, posts if dist.get_rank() < n else [])
+    return statistics.median([t for per_rank in every[:n] for t in per_rank] or [0.0])
+
+
 def _shards(numel: int, servers: int) -> list[tuple[int, int]]:
     base, extra = divmod(numel, servers)
     bounds, start = [], 0
@@ -117,16 +131,20 @@ def run(out: Path) -> int:
         numel = max(nbytes // 4, 1)
         buf = torch.ones(numel)
         if n > 1:
-            times = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None, repeats, gap)
+            times = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None, repeats, gap,
+                           computes=rank < n)
             rows.append(_row("allreduce", n, 0, numel * 4, times))
-        times = _timed(lambda b=buf: _ping_pong(b, rank), repeats, gap)
+        times = _timed(lambda b=buf: _ping_pong(b, rank), repeats, gap, computes=rank < 2)
         rows.append(_row("p2p", 2, 0, numel * 4, [t / 2 for t in times]))
         if s:
             # Receive buffers made once, as the trainer's are: a fresh large tensor per round
             # would time the kernel's page faults and zeroing, not the transfer.
             recv = _push_pull_buffers(numel, rank, n, s)
-            times = _timed(lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout), repeats, gap)
-            rows.append(_row("ps", n, s, numel * 4, _slowest_worker(times, n)) | placed)
+            posts: list[float] = []
+            times = _timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
+                           computes=rank < n)
+            row = _row("ps", n, s, numel * 4, _slowest_worker(times, n)) | placed
+            rows.append(row | {"post_s": _median_post(posts[1:], n)})  # the first: the warm-up
     hosts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, platform.node())
     if rank == 0:
@@ -166,15 +184,22 @@ def _push_pull_buffers(numel: int, rank: int, n: int, s: int) -> list[torch.Tens
     return [torch.zeros(b - a) for _ in range(n)]
 
 
-def _push_pull(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int, s: int, timeout: timedelta) -> None:
+def _push_pull(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int, s: int, timeout: timedelta,
+               posts: list[float] | None = None) -> None:
     """One SSGD-PS round as training/ps.py does it: every worker pushes its slice to
-    each shard and pulls it back; each shard receives all N, then sends to all N."""
+    each shard and pulls it back; each shard receives all N, then sends to all N. A
+    worker appends to `posts` how long posting its sends and receives took: the CPU time
+    before it could go on (gloo writes into the socket from the caller's thread), which
+    OD-SGD pays on its critical path and the others inside their wait."""
     bounds = _shards(buf.numel(), s)
     if rank < n:
         works = []
+        t0 = time.perf_counter()
         for shard, (a, b) in enumerate(bounds):
             works.append(dist.isend(buf[a:b], n + shard))
             works.append(dist.irecv(recv[0][a:b], n + shard))
+        if posts is not None:
+            posts.append(time.perf_counter() - t0)
         for w in works:
             w.wait(timeout)
         return

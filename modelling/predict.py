@@ -59,6 +59,9 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         comm_on_cpu=on_cpu,
         node_of_rank=s.node_of_rank,
         send_buffer_bytes=send_buffer_bytes(comm.environment),
+        post_s=comm.post(s.workers, s.servers)(sum(int(r["param_bytes"]) for r in rows))
+        if s.comm == "ps" and multi_node(s.node_of_rank)
+        else 0.0,
     )
 
 

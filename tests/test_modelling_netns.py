@@ -37,6 +37,9 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     # The send-buffer ceiling of the ranks' namespaces, which sets how much of an ASGD reply the
     # shard's socket takes (modelling/links.py): a namespace starts with the kernel's default.
     assert comm["environment"]["tcp_wmem_max"] >= 1 << 20
+    # Every PS round also times the workers' posting of it (OD-SGD's critical path).
+    rounds = [r for r in comm["measurements"] if r["primitive"] == "ps"]
+    assert len(rounds) == len(SIZES) and all(0 < r["post_s"] < r["median_s"] for r in rounds)
     model = fit_comm(comm)
     ps = next(f for f in model["fits"] if f["primitive"] == "ps")
     assert ps["link_queue"] == queue and ps["usable"], ps["flags"]

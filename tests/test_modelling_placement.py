@@ -205,3 +205,30 @@ def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, e
     rows = _predictions(spec, layers, fit_comm(_ps_comm(expected), link_bytes_per_s=LINK))
     [row] = [r for r in rows if not r["what_if"]]
     assert row["iter_time_s"] == pytest.approx(COMPUTE + round_s + SERVER + UNPACK, rel=1e-6)
+
+
+def test_odsgd_pays_for_posting_its_round_where_it_does_not_wait() -> None:
+    """Posting the push and pull (gloo writes into the socket from the caller's thread) holds
+    the worker's CPU: OD-SGD's next compute waits for it, SSGD's wait covers it. Measured per
+    round by the microbenchmark (`post_s`), placed on nodes only (on one host the transfer's
+    copying already holds the CPUs)."""
+    post = 1.5e-3
+    small = 40_000  # a round of 2T + update well under the local step: OD-SGD is compute-bound
+    table = layer_table([F], [B], [small], data=DATA, update=UPDATE, pack=PACK, unpack=UNPACK,
+                        server_update=SERVER_UPDATE, server_add=SERVER_ADD)
+    node_of_rank = _placed(2, 1, 2, "colocated")
+    raw = _ps_comm(node_of_rank)
+    rows = [r | {"post_s": post} if r["primitive"] == "ps" else r for r in raw["measurements"]]
+    timed = {**raw, "measurements": rows}
+    assert CommCosts(fit_comm(timed)).post(2, 1)(small) == pytest.approx(post, rel=1e-9)
+    assert CommCosts(fit_comm(raw)).post(2, 1)(small) == 0.0  # an older comm.json: no post time
+
+    def iteration(algorithm: str, comm: dict) -> float:
+        scenario = Scenario.of("t", algorithm=algorithm, comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
+        [r] = predict(table, fit_comm(comm, link_bytes_per_s=LINK), scenario)
+        return r["iter_time_s"]
+
+    local = COMPUTE + UNPACK + UPDATE
+    assert iteration("odsgd", raw) == pytest.approx(local, rel=1e-6)
+    assert iteration("odsgd", timed) == pytest.approx(local + post, rel=1e-6)
+    assert iteration("ssgd", timed) == pytest.approx(iteration("ssgd", raw), rel=1e-12)

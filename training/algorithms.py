@@ -177,9 +177,9 @@ class ODSGD(_PSStrategy):
         tl = self.timeline
         cfg = self.cfg
         slot = (t + 1) % 2
-        self.client.gather_grads(slot)
         if t < cfg.warmup_steps:  # warm-up: plain SSGD-PS, W_k(t+1) = W_g(t+1)
             with tl.phase("comm_exposed"):
+                self.client.gather_grads(slot)
                 self.client.wait(self.client.start_push_pull(slot))
             with tl.phase("update"):
                 # A copy: the slot is refilled by a later pull while this is still in use.
@@ -187,8 +187,11 @@ class ODSGD(_PSStrategy):
                 self.client.load_into_params(self.weights_global)
                 self.zero_grad()
             return
-        works = self.client.start_push_pull(slot)
         with tl.phase("comm_exposed"):
+            # Packing and posting the round are the worker's own time, not hidden: gloo writes
+            # into the socket from this thread. Then W_g(t), if it has not arrived yet.
+            self.client.gather_grads(slot)
+            works = self.client.start_push_pull(slot)
             w_global = self._global_weights()
         with tl.phase("update"):
             if cfg.compensation == Compensation.dc:
