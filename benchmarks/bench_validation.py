@@ -90,6 +90,7 @@ def main() -> None:
     if args.revalidate:
         from infra.netns import parse_bandwidth
 
+        refit(args.out)
         evaluate(args.out, parse_bandwidth(args.bandwidth) / 8 if args.provider == "netns" else None)
         return
     models = [(m, d) for m, d in MODELS if m in args.models.split(",")]
@@ -172,9 +173,7 @@ def main() -> None:
     finally:
         for provider in providers.values():
             provider.teardown()
-    for (name, label), measured in comms.items():  # each size's measurements over the repeats: their median
-        model = fit_comm({**measured[0], "measurements": [m for c in measured for m in c["measurements"]]})
-        (out / f"model-{name}-{label}.json").write_text(json.dumps(model, indent=2))
+    write_models(out, comms)
     for (name, _), dirs in runs.items():  # every run of a model predicted from its pooled profile
         pooled = pool_layers(profiles[name])
         for d in dirs:
@@ -184,6 +183,22 @@ def main() -> None:
         f"conditions: {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before and "
         f"{os.getloadavg()[0]:.2f} after, {time.monotonic() - t0:.0f} s in all"
     )
+
+
+def write_models(out: Path, comms: dict[tuple[str, str], list[dict]]) -> None:
+    """model-NAME-PLACEMENT.json: each size's measurements over the repeats, their median, fitted."""
+    for (name, label), measured in comms.items():
+        model = fit_comm({**measured[0], "measurements": [m for c in measured for m in c["measurements"]]})
+        (out / f"model-{name}-{label}.json").write_text(json.dumps(model, indent=2))
+
+
+def refit(out: Path) -> None:
+    """The comm models again from the microbenchmarks kept in `out`, with this code's fit."""
+    comms: dict[tuple[str, str], list[dict]] = {}
+    for path in sorted(out.glob("microbench-*-r*/comm.json")):
+        _, name, label, _ = path.parent.name.split("-")
+        comms.setdefault((name, label), []).append(json.loads(path.read_text()))
+    write_models(out, comms)
 
 
 def evaluate(out: Path, link: float | None) -> None:

@@ -10,9 +10,11 @@ constants from a and b:
 - ps (N workers, S shards, one push and pull round, each of M/S bytes per
   worker and shard): t = 2L (alpha + M/S beta), L the transfers that queue on
   the busiest link one way (modelling/links.py): N on one host, where they queue
-  on the shard's link; over full-duplex node links, the most one node's uplink or
-  downlink carries (2 workers to a dedicated shard node: 2; a shard beside one
-  of them: 1, the other's transfers stay on its node)
+  on the shard's link, copies of the CPUs, latency and all; over full-duplex node
+  links, the most one node's uplink or downlink carries (2 workers to a dedicated
+  shard node: 2; a shard beside one of them: 1, the other's transfers stay on its
+  node), and there the transfers' latencies overlap while their bytes queue:
+  t = 2 (alpha + L M/S beta)
 
 Allreduce's beta comes from the p2p fit of the same file, gamma from the rest
 of the slope. Predicting for a measured world size within the measured sizes,
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from modelling.files import read_json
-from modelling.links import ps_link_queue
+from modelling.links import multi_node, ps_link_queue
 
 COMM_KIND = "ddlbench-comm"
 # Sustained rate: the slope over the sizes within this factor of the largest.
@@ -137,8 +139,11 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         elif prim == "ps":
             node_of_rank = placed.get((n, s))
             queue = ps_link_queue(n, s, node_of_rank)
-            alpha, beta, sustained = a / (2 * queue), b * s / (2 * queue), top * s / (2 * queue)
-            extra = {"link_queue": queue, "node_of_rank": node_of_rank, "post_s": _posts(comm, n, s, sizes)}
+            # Over node links the transfers' latencies overlap and only their bytes queue.
+            overlap = multi_node(node_of_rank)
+            alpha, beta, sustained = a / (2 if overlap else 2 * queue), b * s / (2 * queue), top * s / (2 * queue)
+            extra = {"link_queue": queue, "node_of_rank": node_of_rank, "latency_overlaps": overlap,
+                     "post_s": _posts(comm, n, s, sizes)}
         else:
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
         flags = list(line["flags"])
@@ -272,9 +277,10 @@ class CommCosts:
         f = self._nearest("ps", workers, servers)
         if f is None or not f.get("post_s"):
             return lambda _m: 0.0
-        posts = _measured({**f, "measured_s": f["post_s"], "usable": True, "sustained_slope_s_per_byte": None,
-                           "intercept_s": 0.0, "slope_s_per_byte": 0.0})
-        return lambda m: max(posts(m), 0.0)
+        sizes, posts = np.asarray(f["sizes"], dtype=float), np.asarray(f["post_s"], dtype=float)
+        # Outside the sizes measured, the nearest end's: posting does not grow with the size
+        # the way a transfer does (gloo writes what the socket takes and queues the rest).
+        return lambda m: max(_local_linear(sizes, posts, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
 
     def transfer(self, workers: int, servers: int):
         """bytes -> seconds of one push or pull between a worker and a shard."""
@@ -286,8 +292,13 @@ class CommCosts:
             and self.bw is None
             and _noisy_only(f)
         ):
-            # A measured round is 2L transfers of M/S bytes queued on the busiest link.
+            # A measured round is 2L transfers of M/S bytes queued on the busiest link; over
+            # node links their latencies overlap (the round's intercept, two of them) and
+            # only what the bytes add queues.
             round_s, queue = _measured(f), f.get("link_queue") or workers
+            if f.get("latency_overlaps"):
+                latency = max(f["intercept_s"], 0.0)
+                return lambda m: latency / 2 + max(round_s(m * servers) - latency, 0.0) / (2 * queue)
             return lambda m: round_s(m * servers) / (2 * queue)
         self._usable(f)
         alpha = f["alpha_s"]
