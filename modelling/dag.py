@@ -347,13 +347,14 @@ class _SyncServer(_PSBuilder):
 
     def _transfer(self, name: str, t: int, k: int, s: int, deps, push: bool) -> int:
         nbytes = self.shard_bytes[s]
-        duration = self.mult[k] * self.transfer_s(k, s, nbytes)
+        one = self.transfer_s(k, s, nbytes)
+        duration = self.mult[k] * one
         links = self.links(k, s, push)
         if self.placed and links:
             # Over a node link, transfers sent at once wait out their latencies together and
             # queue only for their bytes (modelling/fit.py): the latency holds no link, and a
             # class's transfers pay it once.
-            latency = min(self.transfer_s(k, s, 0), self.transfer_s(k, s, nbytes))
+            latency = min(self.transfer_s(k, s, 0), one)
             deps = (self.dag.add(name, latency, (), deps, kind="comm", owner=self.owners[k], step=t),)
             duration -= self.mult[k] * latency
         return comm_task(self.dag, name, duration, self.copy_s(nbytes, self.mult[k]), links, self.cpus(k, s), deps,

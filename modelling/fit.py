@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +94,24 @@ def sustained_slope(sizes: list[float], times: list[float]) -> float:
     return float(np.polyfit(m, t, 1)[0]) if np.ptp(m) > 0 else 0.0
 
 
-def _grouped(comm: dict[str, Any]) -> dict[tuple[str, int, int], tuple[list[float], list[float]]]:
-    """Per (primitive, workers, servers): sizes ascending and their times (each size's trimmed
-    mean over repeats: the expected cost, which throughput pays). A size
-    measured more than once (comm.json files merged from several world sizes) counts once."""
+def _cost(row: dict[str, Any]) -> float:
+    """A row's expected cost: the trimmed mean where measured (newer comm.json), else the median."""
+    return row.get("mean_s", row["median_s"])
+
+
+def _grouped(
+    comm: dict[str, Any], value: Callable[[dict[str, Any]], float | None] = _cost
+) -> dict[tuple[str, int, int], tuple[list[float], list[float]]]:
+    """Per (primitive, workers, servers): sizes ascending and each size's `value` (by default
+    its trimmed mean over repeats: the expected cost, which throughput pays), rows without
+    one left out. A size measured more than once (comm.json files merged from several world
+    sizes) counts once, as the median of its values."""
     raw: dict[tuple[str, int, int], dict[float, list[float]]] = {}
     for row in comm["measurements"]:
         key = (row["primitive"], int(row["workers"]), int(row.get("servers", 0)))
-        cost = row.get("mean_s", row["median_s"])  # the trimmed mean where measured (newer comm.json)
-        raw.setdefault(key, {}).setdefault(float(row["bytes"]), []).append(float(cost))
+        v = value(row)
+        if v is not None:
+            raw.setdefault(key, {}).setdefault(float(row["bytes"]), []).append(float(v))
     return {
         key: (sorted(by_size), [statistics.median(by_size[m]) for m in sorted(by_size)]) for key, by_size in raw.items()
     }
@@ -181,13 +191,8 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
 def _posts(comm: dict[str, Any], n: int, s: int, sizes: list[float]) -> list[float] | None:
     """Per size, the median time a worker took to post a round's sends and receives (newer
     comm.json files; None where a size lacks it)."""
-    by_size: dict[float, list[float]] = {}
-    for row in comm["measurements"]:
-        if (row["primitive"], int(row["workers"]), int(row.get("servers", 0))) == ("ps", n, s) and "post_s" in row:
-            by_size.setdefault(float(row["bytes"]), []).append(float(row["post_s"]))
-    if any(m not in by_size for m in sizes):
-        return None
-    return [statistics.median(by_size[m]) for m in sizes]
+    posted, posts = _grouped(comm, lambda row: row.get("post_s")).get(("ps", n, s), ([], []))
+    return posts if posted == sizes else None
 
 
 def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:

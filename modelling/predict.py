@@ -40,10 +40,11 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
     transfer = comm.transfer(s.workers, s.servers) if s.comm == "ps" else (lambda _m: 0.0)
     on_cpu = bool(s.comm_on_cpu)
     rows = layers["layers"]
+    layer_bytes = [int(r["param_bytes"]) for r in rows]
     return Costs(
         fwd=[r["fwd_s"] * scale for r in rows],
         bwd=[r["bwd_s"] * scale for r in rows],
-        layer_bytes=[int(r["param_bytes"]) for r in rows],
+        layer_bytes=layer_bytes,
         param_tensor_bytes=[r.get("param_tensor_bytes") or [int(r["param_bytes"])] for r in rows],
         data_s=layers["data_s"] * scale,
         update_s=layers["update_s"],
@@ -59,7 +60,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         comm_on_cpu=on_cpu,
         node_of_rank=s.node_of_rank,
         send_buffer_bytes=send_buffer_bytes(comm.environment),
-        post_s=comm.post(s.workers, s.servers)(sum(int(r["param_bytes"]) for r in rows))
+        post_s=comm.post(s.workers, s.servers)(sum(layer_bytes))
         if s.comm == "ps" and multi_node(s.node_of_rank)
         else 0.0,
     )
