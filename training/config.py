@@ -77,7 +77,9 @@ class TrainConfig(BaseModel):
     momentum_async: float | None = Field(
         None, ge=0, lt=1,
         description="ASGD: momentum of the shard's optimizer (its buffer lives on the shard, as in "
-        "MXNet dist_async); default momentum. 0 gives the plain rule W <- W - lr_async * g.")
+        "MXNet dist_async); default momentum. 0 gives the plain rule W <- W - lr_async * g. "
+        "Stale gradients add momentum of their own (Mitliagkas et al. 2016): on lenet5/digits, "
+        "2 workers, 500 steps, 0.9 collapsed to chance in 2 of 10 runs, 0.8 in none of 20.")
     lr_local: float | None = Field(
         None, gt=0,
         description="OD-SGD: learning rate of the local update; default lr, so the local step "
