@@ -62,6 +62,9 @@ class Costs:
     # Placed, a worker's CPU time to post a round's sends and receives (gloo writes into the
     # socket from the caller): on OD-SGD's critical path, inside the others' wait.
     post_s: float = 0.0
+    # Placed, one transfer between two ranks of one node (a colocated shard and its node's
+    # workers): a loopback copy, which crosses no link; None: transfer_s at 0 bytes.
+    local_transfer_s: float | None = None
 
     @property
     def model_bytes(self) -> int:
@@ -316,8 +319,10 @@ class _PSBuilder:
 
     def transfer_s(self, k: int, s: int, nbytes: int) -> float:
         """One transfer of nbytes; within a node (placed), only its latency: no link to cross."""
-        same_node = self.placed and self.class_node[k] == self.shard_node[s]
-        return self.c.transfer_s(0 if same_node else nbytes)
+        if self.placed and self.class_node[k] == self.shard_node[s]:
+            local = self.c.local_transfer_s
+            return self.c.transfer_s(0) if local is None else local
+        return self.c.transfer_s(nbytes)
 
     def cpus(self, k: int, s: int | None = None) -> tuple[Resource, ...]:
         """The CPUs a loopback transfer copies on: the worker's, and the shard's."""

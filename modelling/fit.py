@@ -287,6 +287,16 @@ class CommCosts:
         # the way a transfer does (gloo writes what the socket takes and queues the rest).
         return lambda m: max(_local_linear(sizes, posts, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
 
+    def loopback_latency(self) -> float | None:
+        """Placed, a transfer within a node (a worker and its colocated shard): at most the
+        one-way latency that the ping-pong measured across a link (the p2p fit's alpha), as a
+        loopback copy crosses no link and no slower one. Not the PS round's cost at 0 bytes:
+        that round is timed to its remote worker, and at small sizes it holds the host's
+        scheduling delays (the microbenchmark's 4 KiB round took 2-4 ms over a 1 Gbit/s
+        link whose one-way latency was 0.2 ms). None without a p2p fit."""
+        p = self._nearest("p2p", 2)
+        return None if p is None else max(float(p["alpha_s"]), 0.0)
+
     def transfer(self, workers: int, servers: int):
         """bytes -> seconds of one push or pull between a worker and a shard."""
         f = self._nearest("ps", workers, servers) or self._nearest("p2p", 2)

@@ -63,6 +63,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         post_s=comm.post(s.workers, s.servers)(sum(layer_bytes))
         if s.comm == "ps" and multi_node(s.node_of_rank)
         else 0.0,
+        local_transfer_s=comm.loopback_latency() if s.comm == "ps" and multi_node(s.node_of_rank) else None,
     )
 
 
