@@ -15,6 +15,10 @@ from typing import Any
 
 TAG_RUN_KEY = "ddlbench.run_key"
 TAG_NODE = "ddlbench.node"
+# MLflow 3's UI opens an experiment without this tag as a GenAI one (traces, no runs table);
+# ddlbench's are model training: its runs table, Group by and compare view come first.
+EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_TAGS = {EXPERIMENT_KIND: "custom_model_development"}
 _BATCHED = ("params", "metrics", "tags")
 # MLflow's log_batch limits: entities per call, and params and tags among them.
 _BATCH_MAX, _PARAMS_MAX, _TAGS_MAX = 1000, 100, 100
@@ -81,7 +85,9 @@ class Uploader:
                 if self.artifact_root is not None and not self.tracking_uri.startswith(("http:", "https:")):
                     location = (Path(self.artifact_root) / self.experiment).resolve().as_uri()
                 try:
-                    self._experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
+                    self._experiment_id = self.client.create_experiment(
+                        self.experiment, artifact_location=location, tags=EXPERIMENT_TAGS
+                    )
                 except Exception:  # noqa: BLE001 - another process created it first
                     exp = self.client.get_experiment_by_name(self.experiment)
                     if exp is None:
@@ -89,6 +95,8 @@ class Uploader:
                     self._experiment_id = exp.experiment_id
             else:
                 self._experiment_id = exp.experiment_id
+                if exp.tags.get(EXPERIMENT_KIND) is None:  # made by an older ddlbench
+                    self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, EXPERIMENT_TAGS[EXPERIMENT_KIND])
         return self._experiment_id
 
     def find_run(self, node: str) -> Any | None:

@@ -293,6 +293,9 @@ def test_nightly_results_are_in_mlflow(nightly: dict[str, Any]) -> None:
     runs = {r.info.run_id: r for r in _runs(ctx)}
     parent = runs[ctx["parent_run_id"]]
     assert parent.info.status == "FINISHED"
+    # MLflow 3's UI opens the experiment on its runs table, not on the GenAI traces overview.
+    experiment = MlflowClient(tracking_uri=ctx["tracking_uri"]).get_experiment_by_name(ctx["experiment"])
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert parent.data.tags["airflow.dag_id"] == "ddlbench_nightly"
     assert parent.data.tags["airflow.run_id"] == nightly["dag_run"].run_id
     children = [r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
