@@ -98,17 +98,20 @@ def main() -> None:
             check("runs table", parent.info.run_name in text and listed is not None,
                   f"the parent {parent.info.run_name!r} listed; MLflow counts "
                   f"{listed.group(1) if listed else '?'} runs ({len(runs)} in the store)", failures)
-            expander = page.locator("[class*=expander], [class*=expand-icon], [data-testid*=expand]")
+            # The parent's row holds its children: the "+" button of its run-name cell shows them.
+            expander = page.locator("[role=gridcell]", has_text=parent.info.run_name).locator(
+                "button[data-component-id*=runnamecellrenderer]")
             if expander.count():
                 expander.first.click()
                 page.wait_for_timeout(1500)
                 page.screenshot(path=out / "nested.png", full_page=True)
                 text = page.inner_text("body")
             shown = [r.info.run_name for r in training if r.info.run_name in text]
-            check("nested runs", bool(shown), f"{len(shown)} of {len(training)} training runs shown under the parent",
-                  failures)
+            check("nested runs", len(shown) == len(training),
+                  f"{len(shown)} of {len(training)} training runs shown under the expanded parent", failures)
             seen = sorted(d for d in datasets if d in text)
-            check("dataset column", bool(seen), f"data sets named in the table: {seen or 'none'}", failures)
+            check("dataset column", seen == sorted(datasets), f"data sets named in the table: {seen or 'none'}",
+                  failures)
 
             group = page.get_by_role("button", name=re.compile("group", re.I))
             if group.count():

@@ -46,6 +46,10 @@ status=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1])
 echo "== run $(basename "$run_dir"): $status  (run directory: $run_dir)"
 experiment=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["experiment"])' \
              "$run_dir/ctx.json" 2>/dev/null || echo ddlbench-adhoc)
+experiment_id=$(.venv/bin/python -c 'import sys
+from mlflow import MlflowClient
+e = MlflowClient(sys.argv[1]).get_experiment_by_name(sys.argv[2])
+print(e.experiment_id if e else "")' "sqlite:///$DDLBENCH_HOME/mlflow.db" "$experiment" 2>/dev/null || true)
 if [ -f "$run_dir/report/report.md" ]; then
   echo "== Comparison (report: $run_dir/report/report.md)"
   [ -t 1 ] || export COLUMNS=${COLUMNS:-100}  # rich tables are 80 wide when not on a terminal
@@ -55,7 +59,9 @@ cat <<MSG
 
 == Open the MLflow UI to compare runs side by side (experiment $experiment):
    $repo/.venv/bin/mlflow ui --backend-store-uri sqlite:///$DDLBENCH_HOME/mlflow.db --host 127.0.0.1 --port 5000
-   then browse http://127.0.0.1:5000
+   then browse http://127.0.0.1:5000/#/experiments/${experiment_id:-0}/runs
+   (the runs table: expand the pipeline's run for its training runs; Group by: ddlbench.config
+   gathers each configuration's repeats; select runs and Compare for the compare view)
    The scheduler itself, with this home: bash infra/deploy/airflow/standalone.sh
 MSG
 if [ "$status" != FINISHED ]; then
