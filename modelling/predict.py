@@ -39,6 +39,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
     allreduce = comm.allreduce(s.workers) if s.comm == "allreduce" else (lambda _m: 0.0)
     transfer = comm.transfer(s.workers, s.servers) if s.comm == "ps" else (lambda _m: 0.0)
     on_cpu = bool(s.comm_on_cpu)
+    placed_ps = s.comm == "ps" and multi_node(s.node_of_rank)
     rows = layers["layers"]
     layer_bytes = [int(r["param_bytes"]) for r in rows]
     return Costs(
@@ -60,10 +61,8 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         comm_on_cpu=on_cpu,
         node_of_rank=s.node_of_rank,
         send_buffer_bytes=send_buffer_bytes(comm.environment),
-        post_s=comm.post(s.workers, s.servers)(sum(layer_bytes))
-        if s.comm == "ps" and multi_node(s.node_of_rank)
-        else 0.0,
-        local_transfer_s=comm.loopback_latency() if s.comm == "ps" and multi_node(s.node_of_rank) else None,
+        post_s=comm.post(s.workers, s.servers)(sum(layer_bytes)) if placed_ps else 0.0,
+        local_transfer_s=comm.loopback_latency() if placed_ps else None,
     )
 
 

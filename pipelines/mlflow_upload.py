@@ -15,8 +15,9 @@ from typing import Any
 
 TAG_RUN_KEY = "ddlbench.run_key"
 TAG_NODE = "ddlbench.node"
-# MLflow 3's UI opens an experiment without this tag as a GenAI one (traces, no runs table);
-# ddlbench's are model training: its runs table, Group by and compare view come first.
+# MLflow's record of what an experiment is: ddlbench's are model training (runs, params,
+# metrics), not GenAI (traces). MLflow 3.17's UI still lands on the mode the browser last chose,
+# so scripts/main.sh prints the runs table's URL.
 EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_TAGS = {EXPERIMENT_KIND: "custom_model_development"}
 _BATCHED = ("params", "metrics", "tags")
