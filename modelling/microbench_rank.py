@@ -3,8 +3,9 @@
 
 Reads OUT_DIR/microbench.json (workers, servers, sizes, repeats, timeout_s),
 written by `modelling.microbench.run_microbench`. Ranks 0..N-1 are workers,
-N..N+S-1 shards, as in training. Rank 0 times every operation (after a barrier;
-median and trimmed mean over repeats) and writes OUT_DIR/comm.json.
+N..N+S-1 shards, as in training. Every rank stamps every operation on rank 0's clock
+(clock_offsets); an operation's time is from its last rank's start to its last rank's end
+(median and trimmed mean over repeats), and rank 0 writes OUT_DIR/comm.json.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ if __name__ == "__main__":  # a rank: end with its torchrun agent, set before th
     die_with_torchrun()
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -41,11 +43,13 @@ def _compute(seconds: float) -> None:
         torch.mm(_SCRATCH, _SCRATCH)
 
 
-def _timed(op, repeats: int, gap_s: float = 0.0, group=None, computes: bool = True) -> list[float]:
-    """One untimed warm-up, then `repeats` timings. Each starts after a barrier and then
+def _timed(op, repeats: int, gap_s: float = 0.0, group=None, computes: bool = True,
+           offset_s: float = 0.0) -> list[tuple[float, float]]:
+    """One untimed warm-up, then `repeats` timings, each as (start, end) on rank 0's clock
+    (this rank's perf_counter less `offset_s`). Each starts after a barrier and then
     `gap_s` of computation on every rank that `computes` (a worker): training reaches its
     communication from compute, not from a barrier, and pays for what that costs (threads
-    to wake, ranks that arrive a little apart); a back-to-back loop on hot threads does not.
+    to wake); a back-to-back loop on hot threads does not.
     The other ranks sleep through the gap, as a shard waits blocked in its receive (or, for
     an allreduce, is not there at all): one that computed would compete with the workers
     for the host's cores, and start its receive a scheduler's time slice late."""
@@ -58,9 +62,52 @@ def _timed(op, repeats: int, gap_s: float = 0.0, group=None, computes: bool = Tr
             time.sleep(gap_s)
         t0 = time.perf_counter()
         op()
+        t1 = time.perf_counter()
         if i:
-            out.append(time.perf_counter() - t0)
+            out.append((t0 - offset_s, t1 - offset_s))
     return out
+
+
+def clock_offsets(tries: int = 20) -> list[float]:
+    """Every rank's perf_counter minus rank 0's (rank 0's entry 0), the same list on every
+    rank. Per rank, from the fastest of `tries` ping-pongs with rank 0 (NTP's estimate: the
+    reply's stamp against the round trip's midpoint, off by at most half that round trip).
+    Ranks on one kernel share CLOCK_MONOTONIC and come out near 0; SLURM's or Kubernetes'
+    nodes need it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    offsets = torch.zeros(world, dtype=torch.float64)
+    stamp = torch.zeros(1, dtype=torch.float64)
+    for k in range(1, world):
+        best = math.inf
+        for _ in range(tries):
+            if rank == 0:
+                t_a = time.perf_counter()
+                dist.send(stamp, k)
+                dist.recv(stamp, k)
+                t_b = time.perf_counter()
+                if t_b - t_a < best:
+                    best, offsets[k] = t_b - t_a, stamp.item() - (t_a + t_b) / 2
+            elif rank == k:
+                dist.recv(stamp, 0)
+                stamp.fill_(time.perf_counter())
+                dist.send(stamp, 0)
+    dist.broadcast(offsets, 0)
+    return offsets.tolist()
+
+
+def _round_times(stamps: list[tuple[float, float]], ranks: range) -> list[float]:
+    """Per repeat, an operation's time from the moment the last of `ranks` started it to the
+    moment the last ended it (every rank's stamps on rank 0's clock). A round ends for all
+    only when its last rank is done: a worker beside its shard has its pull back before a
+    remote one's has crossed the link, and a synchronous step waits for the last. It starts
+    when the last arrives: the barrier before it releases the ranks a scheduler's slice or
+    two apart on a busy host (1-2 ms, measured on 2 cores), and a rank that waits for a late
+    one pays that skew, which training, where the ranks arrive from the same compute, does not."""
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, stamps)
+    return [
+        max(every[r][i][1] for r in ranks) - max(every[r][i][0] for r in ranks) for i in range(len(stamps))
+    ]
 
 
 def trimmed_mean(times: list[float], cut: float = 0.2) -> float:
@@ -85,16 +132,6 @@ def _row(primitive: str, workers: int, servers: int, nbytes: int, times: list[fl
         "spread_s": q[2] - q[0],
         "times_s": times,
     }
-
-
-def _slowest_worker(times: list[float], n: int) -> list[float]:
-    """Per repeat, the time of the worker whose round ended last (every rank started it after
-    the same barrier). A round ends for all workers only then: a worker beside its shard has
-    its pull back before a remote one's has crossed the link, and a synchronous step waits
-    for the last."""
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, times)
-    return [max(per_rank[:n]) for per_rank in zip(*every, strict=True)]
 
 
 def _median_post(posts: list[float], n: int) -> float:
@@ -127,23 +164,24 @@ def run(out: Path) -> int:
     rows: list[dict[str, Any]] = []
     placement = out / "placement.json"  # written by modelling.microbench before the launch
     placed = {"node_of_rank": json.loads(placement.read_text())["node_of_rank"]} if placement.exists() else {}
+    offset = clock_offsets()[rank]
     for nbytes in spec["sizes"]:
         numel = max(nbytes // 4, 1)
         buf = torch.ones(numel)
         if n > 1:
-            times = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None, repeats, gap,
-                           computes=rank < n)
-            rows.append(_row("allreduce", n, 0, numel * 4, times))
-        times = _timed(lambda b=buf: _ping_pong(b, rank), repeats, gap, computes=rank < 2)
-        rows.append(_row("p2p", 2, 0, numel * 4, [t / 2 for t in times]))
+            stamps = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None, repeats, gap,
+                            computes=rank < n, offset_s=offset)
+            rows.append(_row("allreduce", n, 0, numel * 4, _round_times(stamps, range(n))))
+        stamps = _timed(lambda b=buf: _ping_pong(b, rank), repeats, gap, computes=rank < 2, offset_s=offset)
+        rows.append(_row("p2p", 2, 0, numel * 4, [t / 2 for t in _round_times(stamps, range(2))]))
         if s:
             # Receive buffers made once, as the trainer's are: a fresh large tensor per round
             # would time the kernel's page faults and zeroing, not the transfer.
             recv = _push_pull_buffers(numel, rank, n, s)
             posts: list[float] = []
-            times = _timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
-                           computes=rank < n)
-            row = _row("ps", n, s, numel * 4, _slowest_worker(times, n)) | placed
+            stamps = _timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
+                            computes=rank < n, offset_s=offset)
+            row = _row("ps", n, s, numel * 4, _round_times(stamps, range(n))) | placed
             rows.append(row | {"post_s": _median_post(posts[1:], n)})  # the first: the warm-up
     hosts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, platform.node())

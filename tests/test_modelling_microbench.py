@@ -1,0 +1,27 @@
+"""The microbenchmark's timing on real torchrun ranks: one clock for every rank, and an
+operation timed from its last rank's arrival (modelling/microbench_rank.py)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from infra import Job
+from infra.local import LocalProvider
+from tests.clock_probe import LATE_S
+
+
+def test_an_operation_is_timed_from_its_last_ranks_arrival_on_one_clock(tmp_path):
+    job = Job("tests.clock_probe", [str(tmp_path)], world_size=3, log_path=tmp_path / "log", timeout_s=120)
+    result = LocalProvider().run(job)
+    assert result.ok, (tmp_path / "log").read_text()
+    clock = json.loads((tmp_path / "clock.json").read_text())
+    # One kernel, one CLOCK_MONOTONIC: the ping-pong estimates find no offset beyond their
+    # half round trip on loopback.
+    assert clock["offsets"][0] == 0.0
+    assert all(abs(o) < 2e-3 for o in clock["offsets"]), clock["offsets"]
+    # Rank 0 waited for rank 1 in every repeat; from rank 1's arrival the allreduce of 4 KiB
+    # on loopback takes a fraction of the 30 ms that rank 0's own clock counts.
+    assert min(clock["own"]) >= LATE_S * 0.9, clock["own"]
+    assert statistics.median(clock["aligned"]) < LATE_S / 2, clock["aligned"]
+    assert all(0 <= a < own for a, own in zip(clock["aligned"], clock["own"], strict=True))
