@@ -2,7 +2,9 @@
 predict, compare.
 
 Each algorithm with 2 workers (+1 shard for the PS ones), on a compute-bound
-model (lenet5 on digits) and a communication-bound one (mlp on synthetic
+model (lenet5 on digits; with `--models` also the nightly's resnet20 on synthetic
+3x32x32 inputs, whose iteration is long enough that the host's millisecond of
+scheduling noise is a small part of it) and a communication-bound one (mlp on synthetic
 3x32x32 inputs, 5.3 M parameters), each configuration trained `--repeats`
 times, the repeats interleaved so that a slow spell of the host falls on all
 configurations alike. A layer profile is taken after every run, with as many
@@ -43,7 +45,8 @@ from modelling.profiler import profile_layers
 from modelling.validate import summarise, validate_runs
 from pipelines.launch import launch, prepare
 
-MODELS = [("lenet5", "digits"), ("mlp", "synthetic")]
+MODELS = [("lenet5", "digits"), ("mlp", "synthetic"), ("resnet20", "synthetic")]
+DEFAULT_MODELS = "lenet5,mlp"
 CONFIGS = [("ssgd", "allreduce", 0), ("ssgd", "ps", 1), ("asgd", "ps", 1), ("odsgd", "ps", 1)]
 WORKERS, BATCH = 2, 32
 TARGET = 0.10
@@ -84,7 +87,12 @@ def main() -> None:
     )
     ap.add_argument("--provider", choices=["local", "netns"], default="local")
     ap.add_argument("--bandwidth", default="1gbit", help="netns: every link's rate (tc units: 200mbit, 1gbit)")
-    ap.add_argument("--models", default=",".join(m for m, _ in MODELS), help="comma list among lenet5,mlp")
+    ap.add_argument(
+        "--models",
+        default=DEFAULT_MODELS,
+        help="comma list among lenet5,mlp,resnet20 (resnet20: the nightly's compute-bound model, whose "
+        "iteration is 30x lenet5's on a CPU)",
+    )
     ap.add_argument("--revalidate", action="store_true", help="only predict and compare the runs already in OUT_DIR")
     args = ap.parse_args()
     if args.revalidate:
@@ -93,8 +101,11 @@ def main() -> None:
         refit(args.out)
         evaluate(args.out, parse_bandwidth(args.bandwidth) / 8 if args.provider == "netns" else None)
         return
+    unknown = set(args.models.split(",")) - {m for m, _ in MODELS}
+    if unknown:
+        ap.error(f"--models: unknown {', '.join(sorted(unknown))} (choose among {', '.join(m for m, _ in MODELS)})")
     models = [(m, d) for m, d in MODELS if m in args.models.split(",")]
-    steps = {"lenet5": args.lenet5_steps or 5 * args.steps, "mlp": args.steps}
+    steps = {"lenet5": args.lenet5_steps or 5 * args.steps, "mlp": args.steps, "resnet20": args.steps}
     out: Path = args.out
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
