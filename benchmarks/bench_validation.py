@@ -101,10 +101,11 @@ def main() -> None:
         refit(args.out)
         evaluate(args.out, parse_bandwidth(args.bandwidth) / 8 if args.provider == "netns" else None)
         return
-    unknown = set(args.models.split(",")) - {m for m, _ in MODELS}
+    chosen = args.models.split(",")
+    unknown = set(chosen) - {m for m, _ in MODELS}
     if unknown:
         ap.error(f"--models: unknown {', '.join(sorted(unknown))} (choose among {', '.join(m for m, _ in MODELS)})")
-    models = [(m, d) for m, d in MODELS if m in args.models.split(",")]
+    models = [(m, d) for m, d in MODELS if m in chosen]
     steps = {"lenet5": args.lenet5_steps or 5 * args.steps, "mlp": args.steps, "resnet20": args.steps}
     out: Path = args.out
     shutil.rmtree(out, ignore_errors=True)
