@@ -153,9 +153,11 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
             overlap = multi_node(node_of_rank)
             alpha, beta, sustained = a / (2 if overlap else 2 * queue), b * s / (2 * queue), top * s / (2 * queue)
             extra = {"link_queue": queue, "node_of_rank": node_of_rank, "latency_overlaps": overlap,
-                     "post_s": _posts(comm, n, s, sizes)}
+                     "post_s": _per_size(comm, "post_s", (prim, n, s), sizes)}
         else:
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
+        if prim != "p2p":
+            extra["host_cpu_s"] = _per_size(comm, "host_cpu_s", (prim, n, s), sizes)
         flags = list(line["flags"])
         usable = True
         if beta <= 0:  # time that does not grow with size: noise swamped the sizes measured
@@ -188,11 +190,12 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
     return {"kind": MODEL_KIND, "link_bytes_per_s": link, "environment": comm.get("environment", {}), "fits": fits}
 
 
-def _posts(comm: dict[str, Any], n: int, s: int, sizes: list[float]) -> list[float] | None:
-    """Per size, the median time a worker took to post a round's sends and receives (newer
-    comm.json files; None where a size lacks it)."""
-    posted, posts = _grouped(comm, lambda row: row.get("post_s")).get(("ps", n, s), ([], []))
-    return posts if posted == sizes else None
+def _per_size(comm: dict[str, Any], field: str, key: tuple[str, int, int], sizes: list[float]) -> list[float] | None:
+    """Per size, the median of the rows' `field` (newer comm.json files; None where a size
+    lacks it): a ps round's post_s, the time a worker took to post its sends and receives;
+    an allreduce's or ps round's host_cpu_s, the host's CPU time for one (microbench_rank)."""
+    measured, values = _grouped(comm, lambda row: row.get(field)).get(key, ([], []))
+    return values if measured == sizes else None
 
 
 def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
@@ -297,6 +300,27 @@ class CommCosts:
         p = self._nearest("p2p", 2)
         return None if p is None else max(float(p["alpha_s"]), 0.0)
 
+    def host_cpu(self, primitive: str, workers: int, servers: int = 0):
+        """bytes -> the host's CPU-seconds of one allreduce (or ps round) of this world, where
+        the microbenchmark measured it with every rank on one host: loopback, or the nodes
+        of an emulated cluster. None elsewhere, for a world it did not measure, and for a
+        bandwidth what-if (other links, other hosts). One line a + b M over the sizes, least
+        squares in absolute terms (the kernel's ticks add the same error to every size, up
+        to 20 ms over a loop of 6 operations on 2 cores): a the round's fixed cost (threads
+        woken, gloo's bookkeeping, the kernel's per-message work), b its cost per byte; both
+        at least 0."""
+        f = self._nearest(primitive, workers, servers)
+        if (
+            self.environment.get("hosts") != 1
+            or self.bw is not None
+            or f is None
+            or (f["workers"], f.get("servers", 0)) != (workers, servers)
+            or not f.get("host_cpu_s")
+        ):
+            return None
+        a, b = _nonnegative_line(np.asarray(f["sizes"], dtype=float), np.asarray(f["host_cpu_s"], dtype=float))
+        return lambda m: a + b * m
+
     def transfer(self, workers: int, servers: int):
         """bytes -> seconds of one push or pull between a worker and a shard."""
         f = self._nearest("ps", workers, servers) or self._nearest("p2p", 2)
@@ -319,6 +343,18 @@ class CommCosts:
         alpha = f["alpha_s"]
         beta = 1.0 / self.bw if self.bw is not None else f["beta_s_per_byte"]
         return lambda m: alpha + m * beta
+
+
+def _nonnegative_line(m: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """Unweighted least squares t = a + b m with a, b >= 0 (a clipped one is refitted without it)."""
+    if len(m) < 2 or np.ptp(m) == 0:
+        return max(float(np.mean(t)), 0.0), 0.0
+    b, a = np.polyfit(m, t, 1)
+    if b < 0:
+        return max(float(np.mean(t)), 0.0), 0.0
+    if a < 0:
+        return 0.0, max(float(np.dot(m, t) / np.dot(m, m)), 0.0)
+    return float(a), float(b)
 
 
 def _noisy_only(f: dict[str, Any]) -> bool:

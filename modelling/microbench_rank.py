@@ -5,7 +5,10 @@ Reads OUT_DIR/microbench.json (workers, servers, sizes, repeats, timeout_s),
 written by `modelling.microbench.run_microbench`. Ranks 0..N-1 are workers,
 N..N+S-1 shards, as in training. Every rank stamps every operation on rank 0's clock
 (clock_offsets); an operation's time is from its last rank's start to its last rank's end
-(median and trimmed mean over repeats), and rank 0 writes OUT_DIR/comm.json.
+(median and trimmed mean over repeats), and rank 0 writes OUT_DIR/comm.json. Rank 0 also
+reads the host's busy CPU time around every allreduce and PS loop (host_cpu_s): where
+every rank shares one host (loopback, or an emulated cluster of network namespaces),
+what the host's cores spend on moving the bytes, in the ranks and in the kernel.
 """
 
 from __future__ import annotations
@@ -110,6 +113,48 @@ def _round_times(stamps: list[tuple[float, float]], ranks: range) -> list[float]
     ]
 
 
+def host_busy_s() -> float | None:
+    """The host's busy CPU-seconds since boot over all its cores (/proc/stat: user, nice,
+    system, irq and softirq; the kernel's network stack is softirq), or None off Linux.
+    The kernel counts in ticks (10 ms a core), so only a loop of many operations is
+    measured with it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:8]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, fields)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+# The host's CPU time is read over at least this long a loop: the kernel counts it in ticks.
+HOST_CPU_LOOP_S = 0.5
+
+
+def _host_cpu_s(op, times: list[float], busy_before: float | None, gap_s: float, computes: bool,
+                computing: int) -> float | None:
+    """The host's CPU-seconds per operation, less the computation of the `computing` ranks
+    before each, over the timed loop just run (its warm-up and repeats; `busy_before` read
+    by rank 0 before it, None on the others or off Linux) and, where that loop was shorter
+    than HOST_CPU_LOOP_S, as many more operations as make it up (a tick is 10 ms a core;
+    6 operations of a few ms would read as 0 or a multiple of it). Collective: every rank
+    calls it with the same `times` (from _round_times) and takes part in the extra ones."""
+    per_op = statistics.median(times) + gap_s
+    done = len(times) + 1
+    extra = max(math.ceil(HOST_CPU_LOOP_S / max(per_op, 1e-4)) - done, 0)
+    for _ in range(extra):  # no barrier between them: the ranks meet in the operation, as in training
+        if computes:
+            _compute(gap_s)
+        else:
+            time.sleep(gap_s)
+        op()
+    dist.barrier()
+    busy = host_busy_s()
+    if busy is None or busy_before is None:
+        return None
+    return (busy - busy_before) / (done + extra) - computing * gap_s
+
+
 def trimmed_mean(times: list[float], cut: float = 0.2) -> float:
     """The mean without the fastest and slowest `cut` of the samples. The expected cost is
     what throughput pays; trimming keeps one descheduled outlier from deciding it, while a
@@ -165,13 +210,20 @@ def run(out: Path) -> int:
     placement = out / "placement.json"  # written by modelling.microbench before the launch
     placed = {"node_of_rank": json.loads(placement.read_text())["node_of_rank"]} if placement.exists() else {}
     offset = clock_offsets()[rank]
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, platform.node())
+    one_host = len(set(hosts)) == 1  # every rank on this host's cores: measure what comm costs them
     for nbytes in spec["sizes"]:
         numel = max(nbytes // 4, 1)
         buf = torch.ones(numel)
         if n > 1:
-            stamps = _timed(lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None, repeats, gap,
-                            computes=rank < n, offset_s=offset)
-            rows.append(_row("allreduce", n, 0, numel * 4, _round_times(stamps, range(n))))
+            op = lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None  # noqa: E731
+            busy = host_busy_s() if rank == 0 else None
+            stamps = _timed(op, repeats, gap, computes=rank < n, offset_s=offset)
+            row = _row("allreduce", n, 0, numel * 4, _round_times(stamps, range(n)))
+            if one_host:
+                row["host_cpu_s"] = _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
+            rows.append(row)
         stamps = _timed(lambda b=buf: _ping_pong(b, rank), repeats, gap, computes=rank < 2, offset_s=offset)
         rows.append(_row("p2p", 2, 0, numel * 4, [t / 2 for t in _round_times(stamps, range(2))]))
         if s:
@@ -179,12 +231,15 @@ def run(out: Path) -> int:
             # would time the kernel's page faults and zeroing, not the transfer.
             recv = _push_pull_buffers(numel, rank, n, s)
             posts: list[float] = []
+            busy = host_busy_s() if rank == 0 else None
             stamps = _timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
                             computes=rank < n, offset_s=offset)
             row = _row("ps", n, s, numel * 4, _round_times(stamps, range(n))) | placed
-            rows.append(row | {"post_s": _median_post(posts[1:], n)})  # the first: the warm-up
-    hosts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, platform.node())
+            row["post_s"] = _median_post(posts[1 : repeats + 1], n)  # the first: the warm-up
+            if one_host:
+                op = lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout)  # noqa: E731
+                row["host_cpu_s"] = _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
+            rows.append(row)
     if rank == 0:
         comm = {
             "kind": COMM_KIND,

@@ -63,6 +63,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         send_buffer_bytes=send_buffer_bytes(comm.environment),
         post_s=comm.post(s.workers, s.servers)(sum(layer_bytes)) if placed_ps else 0.0,
         local_transfer_s=comm.loopback_latency() if placed_ps else None,
+        host_comm_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if s.workers > 1 or s.comm == "ps" else None,
     )
 
 
@@ -185,11 +186,15 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
 
 
 def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
-    """On loopback every rank shares one host: an iteration cannot take less than the CPU
-    time all ranks spend in it over the cores they can use. Each rank runs on one core
-    at a time; a transfer's copying keeps the CPUs at both of its ends busy (into and out
-    of the socket), a ring allreduce's every rank's. 0 when comm is not on the CPU."""
-    if not c.comm_on_cpu or not host_cores:
+    """Where every rank shares one host (loopback, or an emulated cluster's nodes), an
+    iteration cannot take less than the CPU time all ranks spend in it over the cores they
+    can use; each rank runs on one core at a time. Communication's part is the host's CPU
+    time that the microbenchmark measured for one allreduce or ps round (ranks and kernel
+    alike: on veth links the kernel's network stack runs on the same cores). Without that
+    measurement, on loopback, its copying: a transfer's keeps the CPUs at both of its ends
+    busy (into and out of the socket), a ring allreduce's every rank's. 0 when neither."""
+    measured = c.host_comm_cpu_s
+    if not host_cores or (measured is None and not c.comm_on_cpu):
         return 0.0
     ps = s.comm == "ps"
     per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s
@@ -200,12 +205,18 @@ def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
     work = s.workers * per_worker
     if not ps:
         groups = comm_groups(c, s.overlap, s.bucket_bytes) if s.workers > 1 else []
-        copying = c.allreduce_cpu_s or c.allreduce_s
-        work += s.workers * sum(copying(nbytes) for _, nbytes in groups)
+        if measured is not None:
+            work += sum(measured(nbytes) for _, nbytes in groups)
+        else:
+            copying = c.allreduce_cpu_s or c.allreduce_s
+            work += s.workers * sum(copying(nbytes) for _, nbytes in groups)
     else:
-        shard = c.model_bytes / s.servers
-        copying = c.transfer_cpu_s or c.transfer_s
-        work += 2 * 2 * s.workers * s.servers * copying(int(shard))  # push and pull, two ends each
+        if measured is not None:  # one round per iteration: every worker's push and pull
+            work += measured(c.model_bytes)
+        else:
+            shard = c.model_bytes / s.servers
+            copying = c.transfer_cpu_s or c.transfer_s
+            work += 2 * 2 * s.workers * s.servers * copying(int(shard))  # push and pull, two ends each
         work += c.server_update_s if s.algorithm != "asgd" else s.workers * c.server_apply_s
     return work / min(host_cores, s.ranks)
 

@@ -40,6 +40,13 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     # Every PS round also times the workers' posting of it (OD-SGD's critical path).
     rounds = [r for r in comm["measurements"] if r["primitive"] == "ps"]
     assert len(rounds) == len(SIZES) and all(0 < r["post_s"] < r["median_s"] for r in rounds)
+    # Every rank shares this host's cores: each round records the host's CPU time for it, which
+    # grows with the bytes (16 MB more move in the largest, at well over 0.2 ns of CPU a byte)
+    # and stays within what the cores can give over the round.
+    cores = comm["environment"]["cpu_count"]
+    assert comm["environment"]["hosts"] == 1
+    assert rounds[-1]["host_cpu_s"] - rounds[0]["host_cpu_s"] > 4 * (4 << 20) * 0.2e-9
+    assert all(r["host_cpu_s"] <= cores * r["mean_s"] * 1.5 for r in rounds)
     model = fit_comm(comm)
     ps = next(f for f in model["fits"] if f["primitive"] == "ps")
     assert ps["link_queue"] == queue and ps["usable"], ps["flags"]

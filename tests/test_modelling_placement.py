@@ -269,3 +269,34 @@ def test_odsgd_pays_for_posting_its_round_where_it_does_not_wait() -> None:
     assert iteration("odsgd", raw) == pytest.approx(local, rel=1e-6)
     assert iteration("odsgd", timed) == pytest.approx(local + post, rel=1e-6)
     assert iteration("ssgd", timed) == pytest.approx(iteration("ssgd", raw), rel=1e-12)
+
+
+def test_on_an_emulated_cluster_the_hosts_cores_bound_the_iteration_by_measured_cpu() -> None:
+    """Namespaces of one host: the ranks talk over links, but every rank and the kernel's
+    network stack run on the host's 2 cores. The microbenchmark measured the host's CPU time
+    of a ps round (host_cpu_s, a + b M here); an iteration takes at least all ranks' CPU
+    time over the cores: both workers' steps, the round, the shard's update."""
+    node_of_rank = _placed(2, 1, 2, "colocated")
+    raw = _ps_comm(node_of_rank)
+    cpu_a, cpu_b = 2e-3, 30e-9
+    for row in raw["measurements"]:
+        if row["primitive"] == "ps":
+            row["host_cpu_s"] = cpu_a + cpu_b * row["bytes"]
+    comm = fit_comm(raw, link_bytes_per_s=LINK)
+    assert CommCosts(comm).host_cpu("ps", 2, 1)(M) == pytest.approx(cpu_a + cpu_b * M, rel=1e-9)
+    odsgd = Scenario.of("t", algorithm="odsgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
+    [r] = predict(TABLE, comm, odsgd)
+    worker = DATA + F + B + PACK + UNPACK + UPDATE  # OD-SGD's worker: its local update too
+    bound = (2 * worker + cpu_a + cpu_b * M + SERVER) / 2
+    assert bound > 2 * T + SERVER  # the links alone would allow less (the by-hand schedule above)
+    assert r["host_cpu_bound_s"] == pytest.approx(bound, rel=1e-9)
+    assert r["iter_time_s"] == pytest.approx(bound, rel=1e-9)
+    # ASGD's shard applies each of the N pushes, and a worker has no local update.
+    [a] = predict(TABLE, comm, odsgd.model_copy(update={"algorithm": "asgd"}))
+    assert a["host_cpu_bound_s"] == pytest.approx((2 * (worker - UPDATE) + cpu_a + cpu_b * M + 2 * SERVER_ADD) / 2)
+    # Ranks on hosts of their own (a real cluster), or a what-if link: the host's CPU is not shared.
+    raw["environment"]["hosts"] = 3
+    [real] = predict(TABLE, fit_comm(raw, link_bytes_per_s=LINK), odsgd)
+    assert real["host_cpu_bound_s"] == 0.0 and real["iter_time_s"] == pytest.approx(2 * T + SERVER, rel=1e-6)
+    [what_if] = predict(TABLE, comm, odsgd.model_copy(update={"bandwidth_bytes_per_s": LINK}))
+    assert what_if["host_cpu_bound_s"] == 0.0
