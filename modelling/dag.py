@@ -69,6 +69,10 @@ class Costs:
     # of one allreduce or ps round, ranks and kernel, as measured (CommCosts.host_cpu): for the
     # bound of the host's cores (predict.host_cpu_bound), not a task. None: not measured.
     host_comm_cpu_s: Callable[[int], float] | None = None
+    # Per worker rank, the model's bytes -> seconds of its ASGD pass (a push to every shard and
+    # the replies, no apply), as the microbenchmark timed it in ASGD's own pattern; None: from
+    # the synchronous round's transfers.
+    asgd_pass_s: Sequence[Callable[[float], float]] | None = None
 
     @property
     def model_bytes(self) -> int:
@@ -272,6 +276,7 @@ class _PSBuilder:
     def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
         self.c, self.servers, self.dag = c, servers, Dag()
         self.placed = multi_node(c.node_of_rank)
+        self.first_worker: list[int] = []  # a worker rank each class stands for
         if self.placed:  # classes within each node: its workers share its links
             worker_nodes = list(c.node_of_rank[:workers])
             self.class_node, self.mult = [], []
@@ -281,9 +286,11 @@ class _PSBuilder:
                 for m in _split(count, classes):
                     self.class_node.append(node)
                     self.mult.append(m)
+                    self.first_worker.append(worker_nodes.index(node))
             self.shard_node = list(c.node_of_rank[workers:])
         else:
             self.mult = _split(workers, min(workers, max_classes))
+            self.first_worker = [sum(self.mult[:k]) for k in range(len(self.mult))]
         self.owners = [f"worker{k}" for k in range(len(self.mult))]
         self.shard_bytes = [
             c.model_bytes // servers + (1 if s < c.model_bytes % servers else 0) for s in range(servers)
@@ -430,6 +437,14 @@ class ASGDPlan(_PSBuilder):
     race the serial pass reproduces and the buffered one turns into several passes."""
 
     concurrent = False  # the shard's serial loop, not the link, orders the workers
+
+    def transfer_s(self, k: int, s: int, nbytes: int) -> float:
+        """Half the class's measured pass where the microbenchmark timed ASGD's (its push and
+        the reply; a pass to every shard at once, so of the whole model's bytes)."""
+        passes = self.c.asgd_pass_s
+        if passes is None:
+            return super().transfer_s(k, s, nbytes)
+        return passes[self.first_worker[k]](nbytes * self.servers) / 2
 
     def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
         c, pulls = self.c, [[] for _ in self.mult]

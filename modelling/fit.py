@@ -154,16 +154,23 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
             alpha, beta, sustained = a / (2 if overlap else 2 * queue), b * s / (2 * queue), top * s / (2 * queue)
             extra = {"link_queue": queue, "node_of_rank": node_of_rank, "latency_overlaps": overlap,
                      "post_s": _per_size(comm, "post_s", (prim, n, s), sizes)}
+        elif prim == "asgd":
+            # One pass: a push and a pull of M/S bytes to each shard, timed as ASGD runs it and
+            # used as measured (CommCosts.asgd_pass), per worker: a colocated shard's own
+            # workers pass within their node. Its line is only a summary, per transfer.
+            node_of_rank = placed.get((n, s))
+            alpha, beta, sustained = a / 2, b * s / 2, top * s / 2
+            extra = {"node_of_rank": node_of_rank, "worker_mean_s": _per_worker(comm, n, s, sizes)}
         else:
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
-        if prim != "p2p":
+        if prim in ("allreduce", "ps"):
             extra["host_cpu_s"] = _per_size(comm, "host_cpu_s", (prim, n, s), sizes)
         flags = list(line["flags"])
         usable = True
         if beta <= 0:  # time that does not grow with size: noise swamped the sizes measured
             flags.append(f"beta {beta:.3g} s/B is not positive; measure larger messages. Not used")
             usable = False
-        elif link and sustained < (1.0 - PHYSICS_TOLERANCE) / link:
+        elif link and prim != "asgd" and sustained < (1.0 - PHYSICS_TOLERANCE) / link:
             flags.append(
                 f"sustained beta {sustained:.3g} s/B (over the largest sizes) is faster than the link's "
                 f"{1.0 / link:.3g} s/B ({link * 8 / 1e9:.3g} Gbit/s); not used"
@@ -196,6 +203,19 @@ def _per_size(comm: dict[str, Any], field: str, key: tuple[str, int, int], sizes
     an allreduce's or ps round's host_cpu_s, the host's CPU time for one (microbench_rank)."""
     measured, values = _grouped(comm, lambda row: row.get(field)).get(key, ([], []))
     return values if measured == sizes else None
+
+
+def _per_worker(comm: dict[str, Any], n: int, s: int, sizes: list[float]) -> list[list[float]] | None:
+    """ASGD passes: per worker, each size's trimmed-mean pass (the median over merged files)."""
+    by_size: dict[float, list[list[float]]] = {}
+    for row in comm["measurements"]:
+        if (row["primitive"], int(row["workers"]), int(row.get("servers", 0))) == ("asgd", n, s):
+            if row.get("worker_mean_s") is None:
+                return None
+            by_size.setdefault(float(row["bytes"]), []).append(row["worker_mean_s"])
+    if sorted(by_size) != sizes:
+        return None
+    return [[statistics.median(per[w] for per in by_size[m]) for m in sizes] for w in range(n)]
 
 
 def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
@@ -320,6 +340,23 @@ class CommCosts:
             return None
         a, b = _nonnegative_line(np.asarray(f["sizes"], dtype=float), np.asarray(f["host_cpu_s"], dtype=float))
         return lambda m: a + b * m
+
+    def asgd_pass(self, workers: int, servers: int) -> list[Callable[[float], float]] | None:
+        """Per worker, bytes of the model -> seconds of one ASGD pass (its push to every shard
+        and their replies, the shards' apply not included), as the microbenchmark timed it
+        for this very world; None for another world, a what-if bandwidth or an older file."""
+        f = self._nearest("asgd", workers, servers)
+        if (
+            f is None
+            or self.bw is not None
+            or (f["workers"], f.get("servers", 0)) != (workers, servers)
+            or not f.get("worker_mean_s")
+        ):
+            return None
+        return [
+            _measured({**f, "measured_s": series, "sustained_slope_s_per_byte": sustained_slope(f["sizes"], series)})
+            for series in f["worker_mean_s"]
+        ]
 
     def transfer(self, workers: int, servers: int):
         """bytes -> seconds of one push or pull between a worker and a shard."""

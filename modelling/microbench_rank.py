@@ -3,7 +3,9 @@
 
 Reads OUT_DIR/microbench.json (workers, servers, sizes, repeats, timeout_s),
 written by `modelling.microbench.run_microbench`. Ranks 0..N-1 are workers,
-N..N+S-1 shards, as in training. Every rank stamps every operation on rank 0's clock
+N..N+S-1 shards, as in training. With shards, ASGD's pass is timed too, in ASGD's own
+pattern (`_asgd_passes`): a synchronous round does not show what one worker's push and pull
+cost while the others compute. Every rank stamps every operation on rank 0's clock
 (clock_offsets); an operation's time is from its last rank's start to its last rank's end
 (median and trimmed mean over repeats), and rank 0 writes OUT_DIR/comm.json. Rank 0 also
 reads the host's busy CPU time around every allreduce and PS loop (host_cpu_s): where
@@ -129,6 +131,7 @@ def host_busy_s() -> float | None:
 
 # The host's CPU time is read over at least this long a loop: the kernel counts it in ticks.
 HOST_CPU_LOOP_S = 0.5
+ASGD_PASSES = 50  # the most passes per worker and size that ASGD's pattern is timed for
 
 
 def _host_cpu_s(op, times: list[float], busy_before: float | None, gap_s: float, computes: bool,
@@ -240,6 +243,13 @@ def run(out: Path) -> int:
                 op = lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout)  # noqa: E731
                 row["host_cpu_s"] = _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
             rows.append(row)
+            # As many passes as a host-CPU loop lasts, at least `repeats`: a pass's time has a
+            # long tail (a shard that waits a time slice for a core), and 5 samples miss it.
+            per_pass = statistics.median(row["times_s"]) + gap
+            count = max(repeats, min(ASGD_PASSES, math.ceil(HOST_CPU_LOOP_S / per_pass)))
+            passes = _asgd_passes(buf, recv, rank, n, s, count, gap, timeout, offset)
+            row = _row("asgd", n, s, numel * 4, [x for per_worker in passes for x in per_worker]) | placed
+            rows.append(row | {"worker_mean_s": [trimmed_mean(x) for x in passes]})
     if rank == 0:
         comm = {
             "kind": COMM_KIND,
@@ -301,6 +311,49 @@ def _push_pull(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int, s
         w.wait(timeout)
     for w in [dist.isend(buf[a:b], k) for k in range(n)]:
         w.wait(timeout)
+
+
+def _asgd_passes(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int, s: int, count: int,
+                 gap_s: float, timeout: timedelta, offset_s: float = 0.0) -> list[list[float]]:
+    """ASGD's pattern, as training/ps.py runs it: every worker, on its own, computes `gap_s`,
+    then pushes its slice to every shard and pulls it back (one pass); each shard serves
+    one push at a time from any worker, replying to it. No barrier between passes: the
+    others compute while one is served, and on a host with fewer cores than ranks the
+    shard and its threads wait for a core (on 2 cores, lenet5's 246 KB after 3.4 ms of
+    computation: about 1 ms a pass, where the synchronous round's transfers give 0.3).
+    Per worker, each pass but the first (a warm-up) from the later of its start and the
+    moment its shards were free (they ended the pass before theirs): its service, without the
+    queue behind other workers' passes, which the DAG's serial shard adds itself. All
+    stamps on rank 0's clock; the same lists on every rank."""
+    own: list[Any] = []
+    dist.barrier()
+    if rank < n:
+        for _ in range(count + 1):
+            _compute(gap_s)
+            t0 = time.perf_counter()
+            _push_pull(buf, recv, rank, n, s, timeout)
+            own.append((t0 - offset_s, time.perf_counter() - offset_s))
+    else:
+        a, b = _shards(buf.numel(), s)[rank - n]
+        for _ in range(n * (count + 1)):
+            src = dist.recv(recv[0])  # any worker: served on arrival
+            dist.send(buf[a:b], src)
+            own.append((src, time.perf_counter() - offset_s))
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, own)
+    shards = every[n:]
+    out = []
+    for w in range(n):
+        served = []
+        for i, (t0, t1) in enumerate(every[w]):
+            free = t0
+            for done in shards:  # this pass is the i-th the shard served worker w; the one before it freed the shard
+                mine = [j for j, (src, _) in enumerate(done) if src == w][i]
+                if mine:
+                    free = max(free, done[mine - 1][1])
+            served.append(max(t1 - free, 0.0))
+        out.append(served[1:])
+    return out
 
 
 def _environment(world: int) -> dict[str, Any]:

@@ -52,7 +52,8 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         pack_s=layers.get("pack_s", 0.0),
         unpack_s=layers.get("unpack_s", 0.0),
         server_update_s=layers.get("server_update_s", 0.0) + (s.workers - 1) * layers.get("server_add_s", 0.0),
-        server_apply_s=layers.get("server_add_s", 0.0),
+        # ASGD's shard applies every push with its optimizer (training/ps.py): a step, not an add.
+        server_apply_s=layers.get("server_update_s", 0.0),
         allreduce_s=allreduce,
         transfer_s=transfer,
         allreduce_cpu_s=copying_part(allreduce) if on_cpu else None,
@@ -63,7 +64,10 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         send_buffer_bytes=send_buffer_bytes(comm.environment),
         post_s=comm.post(s.workers, s.servers)(sum(layer_bytes)) if placed_ps else 0.0,
         local_transfer_s=comm.loopback_latency() if placed_ps else None,
-        host_comm_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if s.workers > 1 or s.comm == "ps" else None,
+        # Measured host CPU where the DAG's CPUs do not hold the copies (an emulated cluster's
+        # nodes); on loopback the copying part of the transfers is that CPU time already.
+        host_comm_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if not on_cpu else None,
+        asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if s.algorithm == "asgd" else None,
     )
 
 
@@ -188,11 +192,12 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
 def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
     """Where every rank shares one host (loopback, or an emulated cluster's nodes), an
     iteration cannot take less than the CPU time all ranks spend in it over the cores they
-    can use; each rank runs on one core at a time. Communication's part is the host's CPU
-    time that the microbenchmark measured for one allreduce or ps round (ranks and kernel
-    alike: on veth links the kernel's network stack runs on the same cores). Without that
-    measurement, on loopback, its copying: a transfer's keeps the CPUs at both of its ends
-    busy (into and out of the socket), a ring allreduce's every rank's. 0 when neither."""
+    can use; each rank runs on one core at a time. Communication's part: on loopback, its
+    copying (as the DAG's tasks hold it): a transfer's keeps the CPUs at both of its ends
+    busy (into and out of the socket), a ring allreduce's every rank's. On an emulated
+    cluster's nodes, where the DAG's transfers hold links, not CPUs, the host's CPU time that
+    the microbenchmark measured for one allreduce or ps round (ranks and kernel alike: the
+    veth links' network stack runs on the same cores). 0 when neither applies."""
     measured = c.host_comm_cpu_s
     if not host_cores or (measured is None and not c.comm_on_cpu):
         return 0.0

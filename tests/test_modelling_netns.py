@@ -47,6 +47,13 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     assert comm["environment"]["hosts"] == 1
     assert rounds[-1]["host_cpu_s"] - rounds[0]["host_cpu_s"] > 4 * (4 << 20) * 0.2e-9
     assert all(r["host_cpu_s"] <= cores * r["mean_s"] * 1.5 for r in rounds)
+    # ASGD's pass is timed in ASGD's own pattern, per worker: a worker across a link pushes and
+    # pulls 4 MiB at its rate (less the burst); a colocated shard's own worker crosses none.
+    passes = [r for r in comm["measurements"] if r["primitive"] == "asgd"]
+    assert [r["bytes"] for r in passes] == SIZES and all(len(r["worker_mean_s"]) == 2 for r in passes)
+    remote, near = passes[-1]["worker_mean_s"][1], passes[-1]["worker_mean_s"][0]
+    assert remote >= 2 * (4 << 20) / RATE * 0.9
+    assert (near < remote / 4) if policy == "colocated" else (near >= 2 * (4 << 20) / RATE * 0.9)
     model = fit_comm(comm)
     ps = next(f for f in model["fits"] if f["primitive"] == "ps")
     assert ps["link_queue"] == queue and ps["usable"], ps["flags"]

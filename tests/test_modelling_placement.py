@@ -94,6 +94,7 @@ T = ALPHA + M * BETA  # one push or pull across a link
 BYTES = M * BETA  # its bytes' part, which holds the link (its latency does not)
 COMPUTE = DATA + F + B + PACK  # until the gradients are ready to push
 SERVER = SERVER_UPDATE + SERVER_ADD  # the shard's update of 2 pushes
+APPLY = SERVER_UPDATE  # an ASGD shard's apply of one push: an optimizer step (training/ps.py)
 
 
 def _predict(algorithm: str, node_of_rank: tuple[int, ...], tcp_wmem_max: int | None = None) -> dict:
@@ -143,7 +144,7 @@ def test_asgd_on_a_dedicated_shard_node_replies_through_the_socket_buffer() -> N
     node_of_rank = _placed(2, 1, 2, "dedicated")
     assert node_of_rank == (0, 0, 1)
     buffered = 2**21 / M  # of a reply, on the links after the shard has gone on
-    serve = T + SERVER_ADD + (1 - buffered) * T  # the shard's pass: the push, apply, the blocking part
+    serve = T + APPLY + (1 - buffered) * T  # the shard's pass: the push, apply, the blocking part
     worker = COMPUTE + serve + buffered * T + UNPACK  # a worker's cycle, the shard free
     asgd = _predict("asgd", node_of_rank)
     assert 2 * serve > worker  # here the shard's loop sets the pace: two passes per round
@@ -151,8 +152,8 @@ def test_asgd_on_a_dedicated_shard_node_replies_through_the_socket_buffer() -> N
     # A ceiling of 16 MiB takes the whole reply: the pass is the push and apply alone, and the
     # workers' own cycle (compute, push, apply, the reply on the link, unpack) sets the pace.
     roomy = _predict("asgd", node_of_rank, tcp_wmem_max=16 * 2**20)
-    assert 2 * (T + SERVER_ADD) < COMPUTE + 2 * T + SERVER_ADD + UNPACK
-    assert roomy["iter_time_s"] == pytest.approx(COMPUTE + 2 * T + SERVER_ADD + UNPACK, rel=1e-6)
+    assert 2 * (T + APPLY) < COMPUTE + 2 * T + APPLY + UNPACK
+    assert roomy["iter_time_s"] == pytest.approx(COMPUTE + 2 * T + APPLY + UNPACK, rel=1e-6)
 
 
 def test_a_colocated_shards_own_workers_pay_the_p2p_latency_not_the_rounds_small_size_floor() -> None:
@@ -185,8 +186,8 @@ def test_asgd_on_a_colocated_shard_holds_its_loop_for_the_whole_reply() -> None:
     the shard's next receive: the serial pass. Worker 1 crosses the link both ways, 2T; worker
     0 is served while worker 1 computes, and then waits for worker 1's pass."""
     asgd = _predict("asgd", _placed(2, 1, 2, "colocated"))
-    remote = 2 * T + SERVER_ADD
-    local = 2 * ALPHA + SERVER_ADD
+    remote = 2 * T + APPLY
+    local = 2 * ALPHA + APPLY
     # Worker 1: compute, its pass, unpack; the shard serves worker 0 during worker 1's compute.
     # Worker 0: one pass per worker-1 cycle (it waits out worker 1's pass), so the same period.
     period = COMPUTE + remote + UNPACK
@@ -293,10 +294,44 @@ def test_on_an_emulated_cluster_the_hosts_cores_bound_the_iteration_by_measured_
     assert r["iter_time_s"] == pytest.approx(bound, rel=1e-9)
     # ASGD's shard applies each of the N pushes, and a worker has no local update.
     [a] = predict(TABLE, comm, odsgd.model_copy(update={"algorithm": "asgd"}))
-    assert a["host_cpu_bound_s"] == pytest.approx((2 * (worker - UPDATE) + cpu_a + cpu_b * M + 2 * SERVER_ADD) / 2)
+    assert a["host_cpu_bound_s"] == pytest.approx((2 * (worker - UPDATE) + cpu_a + cpu_b * M + 2 * APPLY) / 2)
     # Ranks on hosts of their own (a real cluster), or a what-if link: the host's CPU is not shared.
     raw["environment"]["hosts"] = 3
     [real] = predict(TABLE, fit_comm(raw, link_bytes_per_s=LINK), odsgd)
     assert real["host_cpu_bound_s"] == 0.0 and real["iter_time_s"] == pytest.approx(2 * T + SERVER, rel=1e-6)
     [what_if] = predict(TABLE, comm, odsgd.model_copy(update={"bandwidth_bytes_per_s": LINK}))
     assert what_if["host_cpu_bound_s"] == 0.0
+
+
+def _with_asgd_passes(raw: dict, passes, node_of_rank=None) -> dict:
+    """comm.json with ASGD passes timed per worker (`passes`: one bytes -> seconds per worker)."""
+    for m in SIZES:
+        per_worker = [p(m) for p in passes]
+        raw["measurements"].append({"primitive": "asgd", "workers": 2, "servers": 1, "bytes": m,
+                                    "median_s": max(per_worker), "times_s": per_worker, "worker_mean_s": per_worker,
+                                    **({"node_of_rank": list(node_of_rank)} if node_of_rank else {})})
+    return raw
+
+
+def test_asgd_passes_as_the_microbenchmark_timed_them_in_asgds_own_pattern() -> None:
+    """A synchronous round hides what one worker's push and pull cost while the others compute
+    (on 2 cores the shard then waits for a core). Timed in ASGD's pattern, each worker's pass is
+    its push and the reply: the DAG's pass is that, plus the shard's apply."""
+    near, far = (lambda m: 1e-3 + m * 1e-10), (lambda m: 2e-3 + m * 1e-9)
+    # One host (no link rate, no placement): the slower worker's cycle sets the pace.
+    comm = fit_comm(_with_asgd_passes(synthetic_comm(ALPHA, BETA, 0.0, workers=2), [far, far]))
+    one_host = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1)
+    costs = build_costs(TABLE, CommCosts(comm), one_host)
+    assert [p(M) for p in costs.asgd_pass_s] == pytest.approx([far(M)] * 2, rel=1e-6)
+    [r] = predict(TABLE, comm, one_host)
+    assert 2 * (far(M) + APPLY) < COMPUTE + far(M) + APPLY + UNPACK  # the shard keeps up: no queue
+    assert r["iter_time_s"] == pytest.approx(COMPUTE + far(M) + APPLY + UNPACK, rel=1e-6)
+    # The same world with a what-if link: the transfers from the fit, not the passes measured.
+    assert build_costs(TABLE, CommCosts(comm, LINK), one_host).asgd_pass_s is None
+    # Colocated: worker 0 beside the shard passes within its node; worker 1 across the link.
+    node_of_rank = _placed(2, 1, 2, "colocated")
+    raw = _with_asgd_passes(_ps_comm(node_of_rank), [near, far], node_of_rank)
+    placed = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
+    [c] = predict(TABLE, fit_comm(raw, link_bytes_per_s=LINK), placed)
+    assert near(M) + APPLY + COMPUTE + UNPACK < COMPUTE + far(M) + APPLY + UNPACK
+    assert c["iter_time_s"] == pytest.approx(COMPUTE + far(M) + APPLY + UNPACK, rel=1e-6)
