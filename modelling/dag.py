@@ -65,9 +65,10 @@ class Costs:
     # Placed, one transfer between two ranks of one node (a colocated shard and its node's
     # workers): a loopback copy, which crosses no link; None: transfer_s at 0 bytes.
     local_transfer_s: float | None = None
-    # Every rank on one host (loopback, or an emulated cluster's nodes), the host's CPU-seconds
-    # of one allreduce or ps round, ranks and kernel, as measured (CommCosts.host_cpu): for the
-    # bound of the host's cores (predict.host_cpu_bound), not a task. None: not measured.
+    # An emulated cluster's nodes (every rank on one host, transfers on links), the host's
+    # CPU-seconds of one allreduce or ps round, ranks and kernel, as measured (CommCosts.host_cpu):
+    # for the bound of the host's cores (predict.host_cpu_bound), not a task. None: not measured,
+    # or loopback, where the transfers' copying holds the DAG's CPUs instead.
     host_comm_cpu_s: Callable[[int], float] | None = None
     # Per worker rank, the model's bytes -> seconds of its ASGD pass (a push to every shard and
     # the replies, no apply), as the microbenchmark timed it in ASGD's own pattern; None: from
