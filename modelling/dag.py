@@ -382,8 +382,9 @@ class _SyncServer(_PSBuilder):
         fairly: each ends when the last does (a join), not one after another as the link's
         queue orders them. Within a node, or on one host, each pull as it is."""
         if not self.placed:
-            return shard_pulls
-        remote = [k for k in range(len(self.mult)) if self.class_node[k] != self.shard_node[s]]
+            remote = list(range(len(self.mult)))
+        else:
+            remote = [k for k in range(len(self.mult)) if self.class_node[k] != self.shard_node[s]]
         if len(remote) < 2:
             return shard_pulls
         joined = self.dag.add(f"pulled s{s}", 0.0, (), [shard_pulls[k] for k in remote], kind="pulled",

@@ -31,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -115,18 +116,13 @@ def _round_times(stamps: list[tuple[float, float]], ranks: range) -> list[float]
     ]
 
 
-def host_busy_s() -> float | None:
-    """The host's busy CPU-seconds since boot over all its cores (/proc/stat: user, nice,
-    system, irq and softirq; the kernel's network stack is softirq), or None off Linux.
-    The kernel counts in ticks (10 ms a core), so only a loop of many operations is
-    measured with it."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()[1:8]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq = map(int, fields)
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+def host_busy_s() -> float:
+    """The host's busy CPU-seconds since boot over all its cores (user, nice, system, irq and
+    softirq: the kernel's network stack is softirq; Linux's /proc/stat, through psutil). The
+    kernel counts in ticks (10 ms a core), so only a loop of many operations is measured
+    with it."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
 # The host's CPU time is read over at least this long a loop: the kernel counts it in ticks.
@@ -138,7 +134,7 @@ def _host_cpu_s(op, times: list[float], busy_before: float | None, gap_s: float,
                 computing: int) -> float | None:
     """The host's CPU-seconds per operation, less the computation of the `computing` ranks
     before each, over the timed loop just run (its warm-up and repeats; `busy_before` read
-    by rank 0 before it, None on the others or off Linux) and, where that loop was shorter
+    by rank 0 before it, None on the others) and, where that loop was shorter
     than HOST_CPU_LOOP_S, as many more operations as make it up (a tick is 10 ms a core;
     6 operations of a few ms would read as 0 or a multiple of it). Collective: every rank
     calls it with the same `times` (from _round_times) and takes part in the extra ones."""
@@ -152,10 +148,9 @@ def _host_cpu_s(op, times: list[float], busy_before: float | None, gap_s: float,
             time.sleep(gap_s)
         op()
     dist.barrier()
-    busy = host_busy_s()
-    if busy is None or busy_before is None:
+    if busy_before is None:  # not rank 0
         return None
-    return (busy - busy_before) / (done + extra) - computing * gap_s
+    return (host_busy_s() - busy_before) / (done + extra) - computing * gap_s
 
 
 def trimmed_mean(times: list[float], cut: float = 0.2) -> float:
