@@ -153,7 +153,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
             overlap = multi_node(node_of_rank)
             alpha, beta, sustained = a / (2 if overlap else 2 * queue), b * s / (2 * queue), top * s / (2 * queue)
             extra = {"link_queue": queue, "node_of_rank": node_of_rank, "latency_overlaps": overlap,
-                     "post_s": _per_size(comm, "post_s", (prim, n, s), sizes)}
+                     "post_s": _per_size(comm, lambda row: row.get("post_s"), (prim, n, s), sizes)}
         elif prim == "asgd":
             # One pass: a push and a pull of M/S bytes to each shard, timed as ASGD runs it and
             # used as measured (CommCosts.asgd_pass), per worker: a colocated shard's own
@@ -164,7 +164,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         else:
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
         if prim in ("allreduce", "ps"):
-            extra["host_cpu_s"] = _per_size(comm, "host_cpu_s", (prim, n, s), sizes)
+            extra["host_cpu_s"] = _per_size(comm, lambda row: row.get("host_cpu_s"), (prim, n, s), sizes)
         flags = list(line["flags"])
         usable = True
         if beta <= 0:  # time that does not grow with size: noise swamped the sizes measured
@@ -197,25 +197,23 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
     return {"kind": MODEL_KIND, "link_bytes_per_s": link, "environment": comm.get("environment", {}), "fits": fits}
 
 
-def _per_size(comm: dict[str, Any], field: str, key: tuple[str, int, int], sizes: list[float]) -> list[float] | None:
-    """Per size, the median of the rows' `field` (newer comm.json files; None where a size
+def _per_size(comm: dict[str, Any], value: Callable[[dict[str, Any]], float | None], key: tuple[str, int, int],
+              sizes: list[float]) -> list[float] | None:
+    """Per size, the median of the rows' `value` (newer comm.json files; None where a size
     lacks it): a ps round's post_s, the time a worker took to post its sends and receives;
-    an allreduce's or ps round's host_cpu_s, the host's CPU time for one (microbench_rank)."""
-    measured, values = _grouped(comm, lambda row: row.get(field)).get(key, ([], []))
+    an allreduce's or ps round's host_cpu_s, the host's CPU time for one (microbench_rank);
+    one worker's ASGD pass."""
+    measured, values = _grouped(comm, value).get(key, ([], []))
     return values if measured == sizes else None
 
 
 def _per_worker(comm: dict[str, Any], n: int, s: int, sizes: list[float]) -> list[list[float]] | None:
     """ASGD passes: per worker, each size's trimmed-mean pass (the median over merged files)."""
-    by_size: dict[float, list[list[float]]] = {}
-    for row in comm["measurements"]:
-        if (row["primitive"], int(row["workers"]), int(row.get("servers", 0))) == ("asgd", n, s):
-            if row.get("worker_mean_s") is None:
-                return None
-            by_size.setdefault(float(row["bytes"]), []).append(row["worker_mean_s"])
-    if sorted(by_size) != sizes:
-        return None
-    return [[statistics.median(per[w] for per in by_size[m]) for m in sizes] for w in range(n)]
+    series = [
+        _per_size(comm, lambda row, w=w: (row.get("worker_mean_s") or [None] * n)[w], ("asgd", n, s), sizes)
+        for w in range(n)
+    ]
+    return None if None in series else series
 
 
 def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
@@ -320,23 +318,25 @@ class CommCosts:
         p = self._nearest("p2p", 2)
         return None if p is None else max(float(p["alpha_s"]), 0.0)
 
+    def _measured_here(self, primitive: str, workers: int, servers: int, field: str) -> dict[str, Any] | None:
+        """The fit of exactly this world that recorded `field`, unless a what-if bandwidth puts
+        other links (other hosts) in its place: what is only used as measured."""
+        f = self._nearest(primitive, workers, servers)
+        if f is None or self.bw is not None or (f["workers"], f.get("servers", 0)) != (workers, servers):
+            return None
+        return f if f.get(field) else None
+
     def host_cpu(self, primitive: str, workers: int, servers: int = 0):
         """bytes -> the host's CPU-seconds of one allreduce (or ps round) of this world, where
         the microbenchmark measured it with every rank on one host: loopback, or the nodes
         of an emulated cluster. None elsewhere, for a world it did not measure, and for a
         bandwidth what-if (other links, other hosts). One line a + b M over the sizes, least
         squares in absolute terms (the kernel's ticks add the same error to every size, up
-        to 20 ms over a loop of 6 operations on 2 cores): a the round's fixed cost (threads
+        to 20 ms over a loop of at least 0.5 s on 2 cores): a the round's fixed cost (threads
         woken, gloo's bookkeeping, the kernel's per-message work), b its cost per byte; both
         at least 0."""
-        f = self._nearest(primitive, workers, servers)
-        if (
-            self.environment.get("hosts") != 1
-            or self.bw is not None
-            or f is None
-            or (f["workers"], f.get("servers", 0)) != (workers, servers)
-            or not f.get("host_cpu_s")
-        ):
+        f = self._measured_here(primitive, workers, servers, "host_cpu_s")
+        if f is None or self.environment.get("hosts") != 1:
             return None
         a, b = _nonnegative_line(np.asarray(f["sizes"], dtype=float), np.asarray(f["host_cpu_s"], dtype=float))
         return lambda m: a + b * m
@@ -345,13 +345,8 @@ class CommCosts:
         """Per worker, bytes of the model -> seconds of one ASGD pass (its push to every shard
         and their replies, the shards' apply not included), as the microbenchmark timed it
         for this very world; None for another world, a what-if bandwidth or an older file."""
-        f = self._nearest("asgd", workers, servers)
-        if (
-            f is None
-            or self.bw is not None
-            or (f["workers"], f.get("servers", 0)) != (workers, servers)
-            or not f.get("worker_mean_s")
-        ):
+        f = self._measured_here("asgd", workers, servers, "worker_mean_s")
+        if f is None:
             return None
         return [
             _measured({**f, "measured_s": series, "sustained_slope_s_per_byte": sustained_slope(f["sizes"], series)})

@@ -233,7 +233,7 @@ def run(out: Path) -> int:
             stamps = _timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
                             computes=rank < n, offset_s=offset)
             row = _row("ps", n, s, numel * 4, _round_times(stamps, range(n))) | placed
-            row["post_s"] = _median_post(posts[1 : repeats + 1], n)  # the first: the warm-up
+            row["post_s"] = _median_post(posts[1:], n)  # the first: the warm-up
             if one_host:
                 op = lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout)  # noqa: E731
                 row["host_cpu_s"] = _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
@@ -336,16 +336,14 @@ def _asgd_passes(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int,
             own.append((src, time.perf_counter() - offset_s))
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, own)
-    shards = every[n:]
     out = []
     for w in range(n):
+        # Per shard, where in its serving order each of worker w's passes came; the pass it
+        # served before that one freed it.
+        order = [(done, [j for j, (src, _) in enumerate(done) if src == w]) for done in every[n:]]
         served = []
         for i, (t0, t1) in enumerate(every[w]):
-            free = t0
-            for done in shards:  # this pass is the i-th the shard served worker w; the one before it freed the shard
-                mine = [j for j, (src, _) in enumerate(done) if src == w][i]
-                if mine:
-                    free = max(free, done[mine - 1][1])
+            free = max([t0] + [done[mine[i] - 1][1] for done, mine in order if mine[i]])
             served.append(max(t1 - free, 0.0))
         out.append(served[1:])
     return out
