@@ -430,13 +430,13 @@ class ODSGDPlan(_SyncServer):
 class ASGDPlan(_PSBuilder):
     """ASGD: each shard serves one push at a time, its update and reply included; no barrier.
 
-    On a dedicated shard node the reply is a socket send: the shard goes back to receiving
-    once the socket has taken it (all but its last `send_buffer_bytes`), while the link
-    carries the rest. On one host the copy is the transfer, so the shard's loop holds it
-    throughout; so it does for a colocated shard, whose node's own workers reach it in a
-    memory copy and race the remote ones to its next receive (measured with mlp at 200
-    Mbit/s: worker 0 won one pass or two per pass of worker 1, by a few ms either way), a
-    race the serial pass reproduces and the buffered one turns into several passes."""
+    A reply that crosses a node link is a socket send: the shard goes back to receiving once
+    the socket has taken it (all but its last `send_buffer_bytes`), while the link carries
+    the rest. On one host the copy is the transfer, so the shard's loop holds it throughout;
+    so it does within a node, where a colocated shard's own workers reach it in a memory
+    copy. Beside a colocated shard the workers then keep two paces: measured with mlp at
+    200 Mbit/s, worker 0 (the shard's node) stepped twice per step of worker 1, once as
+    worker 1's reply left and once during its compute, and the plan gives it those passes."""
 
     concurrent = False  # the shard's serial loop, not the link, orders the workers
 
@@ -452,7 +452,7 @@ class ASGDPlan(_PSBuilder):
         c, pulls = self.c, [[] for _ in self.mult]
         for k, w in enumerate(self.owners):
             for s in range(self.servers):
-                if self.placed and self.shard_node[s] not in self.class_node:
+                if self.placed and self.class_node[k] != self.shard_node[s]:
                     pulls[k].append(self._served(t, k, s, packs[k]))
                     continue
                 # One pass of the shard's serial loop: receive, apply, reply.

@@ -15,6 +15,7 @@ from modelling.layers import check_layers
 from modelling.links import multi_node, send_buffer_bytes
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
+from training.summary import shared_paces
 
 WORKER_TASKS = ("data", "forward", "backward", "update")  # worker computation, by task kind
 SERVER_PHASE = {"push": "comm_exposed", "pull": "send", "push-apply-pull": "update"}
@@ -99,13 +100,15 @@ def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = N
     )
 
 
-def _periods(plan: Plan, sched: Schedule, last: float = 0.5) -> dict[str, float]:
-    """Each worker's iteration period over the `last` fraction of the unrolled iterations."""
-    out = {}
-    for owner, ends in plan.iteration_ends.items():
-        k = len(ends) - max(1, int(len(ends) * last))
-        out[owner] = (sched.end[ends[-1]] - sched.end[ends[k - 1]]) / (len(ends) - k)
-    return out
+def _periods(plan: Plan, sched: Schedule, last: float = 0.5) -> dict[str, float] | None:
+    """Each worker's iteration period over the `last` fraction of the window in which every
+    worker is still running, as the measured side takes it (training/summary.py's
+    `shared_paces`): every worker unrolls as many iterations, so where they keep their own
+    paces (ASGD beside a colocated shard) the fast one is done long before the slow one,
+    which then runs alone. None where that window is too short to tell."""
+    owners = list(plan.iteration_ends)
+    paces = shared_paces([[sched.end[t] for t in plan.iteration_ends[o]] for o in owners], last)
+    return None if paces is None else dict(zip(owners, paces, strict=True))
 
 
 # Unrolled iterations are doubled up to this many until the period has settled.
@@ -125,8 +128,15 @@ def _steady_state(c: Costs, s: Scenario) -> tuple[Plan, Schedule, dict[str, floa
         sched = simulate(plan.dag)
         half, quarter = _periods(plan, sched), _periods(plan, sched, last=0.25)
         iterations = len(next(iter(plan.iteration_ends.values())))
-        settled = all(abs(half[o] - quarter[o]) <= _SETTLED * max(half[o], 1e-12) for o in half)
+        settled = half is not None and quarter is not None and all(
+            abs(half[o] - quarter[o]) <= _SETTLED * max(half[o], 1e-12) for o in half
+        )
         if settled or iterations * 2 > _MAX_ITERATIONS:
+            if half is None:
+                raise RuntimeError(
+                    f"{s.algorithm}-{s.comm} on {s.workers} workers: no window in which every worker "
+                    f"runs, over {iterations} unrolled iterations"
+                )
             return plan, sched, half
         iterations *= 2
 

@@ -3,6 +3,9 @@ schedule of colocated and dedicated shards against schedules computed by hand.""
 
 from __future__ import annotations
 
+import itertools
+import statistics
+
 import pytest
 
 from infra.placement import place
@@ -13,6 +16,7 @@ from modelling.predict import build_costs, predict, predicted_timeline
 from modelling.scenario import Scenario
 from tests.test_modelling_fit import SIZES, synthetic_comm
 from tests.test_modelling_predict import layer_table
+from training.summary import shared_paces, worker_paces
 
 ALPHA, BETA = 50e-6, 8e-9  # a 1 Gbit/s link: 8 ns per byte
 LINK = 1 / BETA
@@ -181,18 +185,45 @@ def test_a_colocated_shards_own_workers_pay_the_p2p_latency_not_the_rounds_small
     assert remote and min(remote) > 10 * ALPHA  # worker 1's bytes cross the link
 
 
-def test_asgd_on_a_colocated_shard_holds_its_loop_for_the_whole_reply() -> None:
-    """Worker 0 shares the shard's node (a memory copy, its latency here) and races worker 1 to
-    the shard's next receive: the serial pass. Worker 1 crosses the link both ways, 2T; worker
-    0 is served while worker 1 computes, and then waits for worker 1's pass."""
+def test_asgd_beside_a_colocated_shard_keeps_two_paces() -> None:
+    """Worker 0 shares the shard's node and reaches it in a memory copy (the p2p latency), so
+    its pass holds the shard's loop throughout; worker 1 crosses the link both ways, and the
+    shard goes back to receiving once its socket has taken all but the buffered part of the
+    reply. Worker 1's cycle sets its own pace; worker 0 steps whenever the shard is free."""
     asgd = _predict("asgd", _placed(2, 1, 2, "colocated"))
-    remote = 2 * T + APPLY
-    local = 2 * ALPHA + APPLY
-    # Worker 1: compute, its pass, unpack; the shard serves worker 0 during worker 1's compute.
-    # Worker 0: one pass per worker-1 cycle (it waits out worker 1's pass), so the same period.
-    period = COMPUTE + remote + UNPACK
-    assert local + COMPUTE + UNPACK < period
-    assert asgd["iter_time_s"] == pytest.approx(period, rel=1e-6)
+    buffered = 2**21 / M
+    remote_pass = T + APPLY + (1 - buffered) * T  # the shard's loop, held by worker 1's push and reply
+    local_pass = 2 * ALPHA + APPLY
+    local_cycle = COMPUTE + local_pass + UNPACK
+    slow = COMPUTE + 2 * T + APPLY + UNPACK  # worker 1: compute, push, apply, the reply, unpack
+    free = slow - remote_pass  # the shard's time for worker 0 in each of worker 1's cycles
+    # Three of worker 0's cycles start in it, a fourth does not: three passes per slow cycle.
+    assert 2 * local_cycle + local_pass <= free < 3 * local_cycle + local_pass
+    assert asgd["iter_time_s"] == pytest.approx((slow + slow / 3) / 2, rel=1e-6)
+
+
+def test_two_paces_are_read_over_the_window_every_worker_runs_in() -> None:
+    """The measured side's rule, which the model's periods share: worker 0 alternates short and
+    long iterations (two per 90 ms of worker 1's) and runs on alone after worker 1 stops; its
+    pace is two per worker 1's cycle, not its median iteration nor its steps after the end."""
+    fast = [0.0]
+    for _ in range(12):
+        fast += [fast[-1] + 0.01, fast[-1] + 0.09]
+    fast += [fast[-1] + 0.01 * i for i in range(1, 20)]  # alone: 10 ms steps
+    slow = [0.09 * i for i in range(13)]
+    p0, p1 = shared_paces([fast, slow])
+    assert p1 == pytest.approx(0.09, rel=1e-9)
+    assert p0 == pytest.approx(0.045, rel=1e-9)
+    assert statistics.median(b - a for a, b in itertools.pairwise(fast)) != pytest.approx(p0, rel=0.1)
+    # The last quarter of the window (two of worker 1's cycles): the same paces.
+    assert shared_paces([fast, slow], last=0.25) == pytest.approx([0.045, 0.09], rel=1e-9)
+    # The trainer's records: rank, step and end, warm-up steps skipped.
+    records = [{"role": "worker", "rank": r, "step": i, "end": t}
+               for r, ends in enumerate([fast, slow]) for i, t in enumerate(ends)]
+    assert worker_paces(records, skip=2) == pytest.approx([0.045, 0.09], rel=1e-9)
+    # Too short a shared window to tell: no figure, rather than a wrong one.
+    assert shared_paces([[0.0, 1.0], [2.0, 3.0]]) is None
+    assert shared_paces([[0.0], [0.0, 1.0]]) is None
 
 
 def test_placed_on_nodes_the_loopback_corrections_do_not_apply() -> None:

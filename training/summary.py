@@ -15,15 +15,18 @@ from training.config import TrainConfig
 from training.timeline import WORKER_PHASES
 
 
-def iteration_times(records: list[dict[str, Any]], skip: int) -> list[float]:
-    """Per-worker iteration periods (end to end), warm-up iterations skipped."""
-    out: list[float] = []
+def _by_worker(records: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         if r["role"] == "worker":
             by_rank.setdefault(r["rank"], []).append(r)
-    for recs in by_rank.values():
-        recs.sort(key=lambda r: r["step"])
+    return {k: sorted(v, key=lambda r: r["step"]) for k, v in sorted(by_rank.items())}
+
+
+def iteration_times(records: list[dict[str, Any]], skip: int) -> list[float]:
+    """Per-worker iteration periods (end to end), warm-up iterations skipped."""
+    out: list[float] = []
+    for recs in _by_worker(records).values():
         for i, r in enumerate(recs):
             if r["step"] < skip:
                 continue
@@ -31,10 +34,41 @@ def iteration_times(records: list[dict[str, Any]], skip: int) -> list[float]:
     return out
 
 
+def shared_paces(ends: list[list[float]], last: float = 1.0) -> list[float] | None:
+    """Each worker's period while every worker is running, from their iteration end times.
+
+    The window spans whole iterations of the slowest worker (the last `last` fraction of
+    those that fall where all workers run), and each worker's period is the window over the
+    iterations it ended in it. Without a barrier (ASGD) the workers keep their own paces: the
+    one beside a colocated shard may step twice per step of a remote one, in alternating
+    short and long iterations, so neither the pooled median nor its own median is its pace,
+    and a fast worker's steps after a slow one has stopped are not. None where the window
+    holds fewer than two of the slowest worker's iteration ends."""
+    if not ends or any(len(e) < 2 for e in ends):
+        return None
+    lo, hi = max(e[0] for e in ends), min(e[-1] for e in ends)
+    inside = [[t for t in e if lo <= t <= hi] for e in ends]
+    slow = min(inside, key=len)
+    slow = slow[len(slow) - max(2, round(len(slow) * last)):]
+    if len(slow) < 2:
+        return None
+    t0, t1 = slow[0], slow[-1]
+    counts = [sum(1 for t in e if t0 < t <= t1) for e in ends]
+    return None if 0 in counts else [(t1 - t0) / n for n in counts]
+
+
+def worker_paces(records: list[dict[str, Any]], skip: int) -> list[float]:
+    """`shared_paces` of the measured iterations (each worker's ends from the last warm-up
+    iteration's on)."""
+    ends = [[r["end"] for r in recs if r["step"] >= skip - 1] for recs in _by_worker(records).values()]
+    return shared_paces(ends) or []
+
+
 def timing_figures(cfg: TrainConfig, records: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     skip = min(cfg.measure_warmup, steps - 1)
     workers = [r for r in records if r["role"] == "worker"]
     periods = iteration_times(records, skip)
+    paces = worker_paces(records, skip)
     measured = [r for r in workers if r["step"] >= skip]
     if skip:
         start = min(r["end"] for r in workers if r["step"] == skip - 1)
@@ -53,6 +87,8 @@ def timing_figures(cfg: TrainConfig, records: list[dict[str, Any]], steps: int) 
             "p95": float(np.percentile(periods, 95)) if periods else None,
             "mean": statistics.fmean(periods) if periods else None,
             "stdev": statistics.stdev(periods) if len(periods) > 1 else 0.0,
+            "worker_paces": paces,
+            "worker_mean": statistics.fmean(paces) if paces else None,
         },
         "breakdown_s": breakdown,
         "measured_steps": steps - skip,
