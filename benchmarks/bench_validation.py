@@ -253,12 +253,13 @@ def report(result: dict, rows: list[dict], link: float | None) -> None:
         for label in sorted({where[r] for r in c["runs"]}):
             mine = [per_run[r] for r in c["runs"] if where[r] == label]
             configs.append((f"{c['model']}-{c['algorithm']}-{c['comm']}-{label}", mine))
-    errors = []
+    errors, by_model = [], {}
     for label, mine in configs:
         predicted = statistics.median(r["predicted_iter_s"] for r in mine)
         measured = statistics.median(r["measured_iter_s"] for r in mine)
         error = (predicted - measured) / measured
         errors.append(abs(error))
+        by_model.setdefault(label.split("-")[0], []).append(abs(error))
         each = " ".join(f"{r['error']:+.0%}" for r in mine)
         print(f"{label:<34} {len(mine):>7} {predicted * 1e3:>13.2f} {measured * 1e3:>12.2f} {error:>+8.1%}  {each}")
     med, worst = statistics.median(errors), max(errors)
@@ -267,6 +268,9 @@ def report(result: dict, rows: list[dict], link: float | None) -> None:
         f"median |error| {med:.1%} (ratio to the {target:.0%} target: {med / target:.2f}); "
         f"worst {worst:.1%} (ratio to 10%: {worst / TARGET:.2f}), over {len(errors)} configurations"
     )
+    for name, errs in by_model.items():
+        print(f"  {name}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}, "
+              f"over {len(errs)} configurations")
     single = sorted(abs(r["error"]) for r in result["runs"])
     print(
         f"single runs, each against its own median: median |error| {statistics.median(single):.1%}; "

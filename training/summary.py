@@ -39,22 +39,24 @@ def shared_paces(ends: list[list[float]], last: float = 1.0) -> list[float] | No
 
     The window spans whole iterations of the slowest worker (the last `last` fraction of
     those that fall where all workers run), and each worker's period is the window over the
-    iterations it ended in it. Without a barrier (ASGD) the workers keep their own paces: the
-    one beside a colocated shard may step twice per step of a remote one, in alternating
-    short and long iterations, so neither the pooled median nor its own median is its pace,
-    and a fast worker's steps after a slow one has stopped are not. None where the window
-    holds fewer than two of the slowest worker's iteration ends."""
+    iterations it made in it, its iteration index interpolated between its own ends at the
+    window's edges (so a worker that ends each iteration a hair before or after the slowest
+    one, as synchronous ones do, counts neither one too many nor one too few). Without a
+    barrier (ASGD) the workers keep their own paces: the one beside a colocated shard may
+    step twice per step of a remote one, in alternating short and long iterations, so
+    neither the pooled median nor its own median is its pace, and a fast worker's steps
+    after a slow one has stopped are not. None where the window holds fewer than two of the
+    slowest worker's iteration ends."""
     if not ends or any(len(e) < 2 for e in ends):
         return None
     lo, hi = max(e[0] for e in ends), min(e[-1] for e in ends)
-    inside = [[t for t in e if lo <= t <= hi] for e in ends]
-    slow = min(inside, key=len)
+    slow = min(([t for t in e if lo <= t <= hi] for e in ends), key=len)
     slow = slow[len(slow) - max(2, round(len(slow) * last)):]
     if len(slow) < 2:
         return None
     t0, t1 = slow[0], slow[-1]
-    counts = [sum(1 for t in e if t0 < t <= t1) for e in ends]
-    return None if 0 in counts else [(t1 - t0) / n for n in counts]
+    made = [float(np.diff(np.interp([t0, t1], e, np.arange(len(e))))[0]) for e in ends]
+    return None if min(made) <= 0 else [(t1 - t0) / n for n in made]
 
 
 def worker_paces(records: list[dict[str, Any]], skip: int) -> list[float]:
