@@ -434,9 +434,11 @@ class ASGDPlan(_PSBuilder):
     the socket has taken it (all but its last `send_buffer_bytes`), while the link carries
     the rest. On one host the copy is the transfer, so the shard's loop holds it throughout;
     so it does within a node, where a colocated shard's own workers reach it in a memory
-    copy. Beside a colocated shard the workers then keep two paces: measured with mlp at
-    200 Mbit/s, worker 0 (the shard's node) stepped twice per step of worker 1, once as
-    worker 1's reply left and once during its compute, and the plan gives it those passes."""
+    copy. Beside a colocated shard the workers then keep two paces: worker 0 (the shard's
+    node) is served whenever the loop is free of worker 1's push and reply, so it steps
+    several times per step of worker 1 (measured with mlp: 2.5-2.7 at 200 Mbit/s, 1.5-1.6
+    at 1 Gbit/s; the plan gives 3 and 1, a race within a few ms that a point schedule
+    rounds one way)."""
 
     concurrent = False  # the shard's serial loop, not the link, orders the workers
 
