@@ -74,6 +74,10 @@ class Costs:
     # the replies, no apply), as the microbenchmark timed it in ASGD's own pattern; None: from
     # the synchronous round's transfers.
     asgd_pass_s: Sequence[Callable[[float], float]] | None = None
+    # Per worker rank, the model's bytes -> seconds that the link still carries an ASGD reply
+    # after the shard has returned from sending it, as the microbenchmark timed it; None: the
+    # socket's `send_buffer_bytes` at the transfer's rate.
+    asgd_reply_tail_s: Sequence[Callable[[float], float]] | None = None
 
     @property
     def model_bytes(self) -> int:
@@ -432,7 +436,8 @@ class ASGDPlan(_PSBuilder):
 
     A reply that crosses a node link is a socket send: the shard goes back to receiving once
     the socket has taken it (all but its last `send_buffer_bytes`), while the link carries
-    the rest. On one host the copy is the transfer, so the shard's loop holds it throughout;
+    the rest (the part the microbenchmark measured still on the link when the shard's send
+    returned, where it measured it). On one host the copy is the transfer, so the shard's loop holds it throughout;
     so it does within a node, where a colocated shard's own workers reach it in a memory
     copy. Beside a colocated shard the workers then keep two paces: worker 0 (the shard's
     node) is served whenever the loop is free of worker 1's push and reply, so it steps
@@ -475,7 +480,11 @@ class ASGDPlan(_PSBuilder):
         c, w = self.c, self.owners[k]
         nbytes, m = self.shard_bytes[s], self.mult[k]
         transfer = self.transfer_s(k, s, nbytes)
-        buffered = min(c.send_buffer_bytes / nbytes, 1.0) if nbytes else 1.0  # of one reply
+        tails = c.asgd_reply_tail_s
+        if tails is not None:  # as measured: more than the socket holds where a queue holds some too
+            buffered = min(tails[self.first_worker[k]](nbytes * self.servers) / transfer, 1.0) if transfer > 0 else 1.0
+        else:
+            buffered = min(c.send_buffer_bytes / nbytes, 1.0) if nbytes else 1.0  # of one reply
         serve = m * (transfer + c.server_apply_s / self.servers) + (m - buffered) * transfer
         # The pass holds the push's links, not the pull's: a link the next pass held from its
         # start would keep this reply's last part waiting behind a whole push, where the shard's

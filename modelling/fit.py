@@ -160,7 +160,8 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
             # workers pass within their node. Its line is only a summary, per transfer.
             node_of_rank = placed.get((n, s))
             alpha, beta, sustained = a / 2, b * s / 2, top * s / 2
-            extra = {"node_of_rank": node_of_rank, "worker_mean_s": _per_worker(comm, n, s, sizes)}
+            extra = {"node_of_rank": node_of_rank, "worker_mean_s": _per_worker(comm, n, s, sizes),
+                     "reply_tail_s": _per_worker(comm, n, s, sizes, "reply_tail_s")}
         else:
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
         if prim in ("allreduce", "ps"):
@@ -207,10 +208,13 @@ def _per_size(comm: dict[str, Any], value: Callable[[dict[str, Any]], float | No
     return values if measured == sizes else None
 
 
-def _per_worker(comm: dict[str, Any], n: int, s: int, sizes: list[float]) -> list[list[float]] | None:
-    """ASGD passes: per worker, each size's trimmed-mean pass (the median over merged files)."""
+def _per_worker(comm: dict[str, Any], n: int, s: int, sizes: list[float],
+                field: str = "worker_mean_s") -> list[list[float]] | None:
+    """ASGD passes, per worker and size (the median over merged files): `worker_mean_s` its
+    trimmed-mean pass, `reply_tail_s` its reply's median time on the link after the shard
+    went on. None where a file lacks it (older comm.json files)."""
     series = [
-        _per_size(comm, lambda row, w=w: (row.get("worker_mean_s") or [None] * n)[w], ("asgd", n, s), sizes)
+        _per_size(comm, lambda row, w=w: (row.get(field) or [None] * n)[w], ("asgd", n, s), sizes)
         for w in range(n)
     ]
     return None if None in series else series
@@ -352,6 +356,25 @@ class CommCosts:
             _measured({**f, "measured_s": series, "sustained_slope_s_per_byte": sustained_slope(f["sizes"], series)})
             for series in f["worker_mean_s"]
         ]
+
+    def asgd_reply_tail(self, workers: int, servers: int) -> list[Callable[[float], float]] | None:
+        """Per worker, bytes of the model -> seconds that the link still carried a shard's reply
+        after the shard had returned from sending it, as the microbenchmark timed it in ASGD's
+        pattern for this very world; None for another world, a what-if bandwidth or an older
+        file. Interpolated over the sizes; outside them, the nearest end's: past the largest,
+        the bytes still in flight when a send returns (the socket's buffer, the qdisc's queue,
+        TCP's window) no longer grow with the message (and a reply smaller than the smallest
+        is buffered whole, which ASGDPlan caps at its transfer)."""
+        f = self._measured_here("asgd", workers, servers, "reply_tail_s")
+        if f is None:
+            return None
+        sizes = np.asarray(f["sizes"], dtype=float)
+
+        def tail(series: list[float]) -> Callable[[float], float]:
+            ts = np.asarray(series, dtype=float)
+            return lambda m: max(_local_linear(sizes, ts, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
+
+        return [tail(series) for series in f["reply_tail_s"]]
 
     def transfer(self, workers: int, servers: int):
         """bytes -> seconds of one push or pull between a worker and a shard."""

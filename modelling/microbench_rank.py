@@ -242,9 +242,10 @@ def run(out: Path) -> int:
             # long tail (a shard that waits a time slice for a core), and 5 samples miss it.
             per_pass = statistics.median(row["times_s"]) + gap
             count = max(repeats, min(ASGD_PASSES, math.ceil(HOST_CPU_LOOP_S / per_pass)))
-            passes = _asgd_passes(buf, recv, rank, n, s, count, gap, timeout, offset)
+            passes, tails = _asgd_passes(buf, recv, rank, n, s, count, gap, timeout, offset)
             row = _row("asgd", n, s, numel * 4, [x for per_worker in passes for x in per_worker]) | placed
-            rows.append(row | {"worker_mean_s": [trimmed_mean(x) for x in passes]})
+            rows.append(row | {"worker_mean_s": [trimmed_mean(x) for x in passes],
+                               "reply_tail_s": [statistics.median(x) for x in tails]})
     if rank == 0:
         comm = {
             "kind": COMM_KIND,
@@ -309,7 +310,8 @@ def _push_pull(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int, s
 
 
 def _asgd_passes(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int, s: int, count: int,
-                 gap_s: float, timeout: timedelta, offset_s: float = 0.0) -> list[list[float]]:
+                 gap_s: float, timeout: timedelta,
+                 offset_s: float = 0.0) -> tuple[list[list[float]], list[list[float]]]:
     """ASGD's pattern, as training/ps.py runs it: every worker, on its own, computes `gap_s`,
     then pushes its slice to every shard and pulls it back (one pass); each shard serves
     one push at a time from any worker, replying to it. No barrier between passes: the
@@ -318,8 +320,12 @@ def _asgd_passes(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int,
     computation: about 1 ms a pass, where the synchronous round's transfers give 0.3).
     Per worker, each pass but the first (a warm-up) from the later of its start and the
     moment its shards were free (they ended the pass before theirs): its service, without the
-    queue behind other workers' passes, which the DAG's serial shard adds itself. All
-    stamps on rank 0's clock; the same lists on every rank."""
+    queue behind other workers' passes, which the DAG's serial shard adds itself. And per
+    worker and pass, its reply's tail: from the moment the last of its shards returned from
+    sending the reply (its socket had taken it) to the worker's pass end, what the link
+    still carried while the shard served on (ASGDPlan's buffered part; over a 1 Gbit/s netns
+    link more than the send buffer holds, as tbf's queue and TCP's window hold some too).
+    All stamps on rank 0's clock; the same lists on every rank."""
     own: list[Any] = []
     dist.barrier()
     if rank < n:
@@ -336,17 +342,20 @@ def _asgd_passes(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int,
             own.append((src, time.perf_counter() - offset_s))
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, own)
-    out = []
+    out, tails = [], []
     for w in range(n):
         # Per shard, where in its serving order each of worker w's passes came; the pass it
         # served before that one freed it.
         order = [(done, [j for j, (src, _) in enumerate(done) if src == w]) for done in every[n:]]
-        served = []
+        served, tail = [], []
         for i, (t0, t1) in enumerate(every[w]):
             free = max([t0] + [done[mine[i] - 1][1] for done, mine in order if mine[i]])
             served.append(max(t1 - free, 0.0))
+            replied = max(done[mine[i]][1] for done, mine in order)
+            tail.append(min(max(t1 - replied, 0.0), t1 - t0))
         out.append(served[1:])
-    return out
+        tails.append(tail[1:])
+    return out, tails
 
 
 def _environment(world: int) -> dict[str, Any]:

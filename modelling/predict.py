@@ -69,6 +69,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         # nodes); on loopback the copying part of the transfers is that CPU time already.
         host_comm_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if not on_cpu else None,
         asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if s.algorithm == "asgd" else None,
+        asgd_reply_tail_s=comm.asgd_reply_tail(s.workers, s.servers) if s.algorithm == "asgd" and placed_ps else None,
     )
 
 

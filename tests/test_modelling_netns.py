@@ -54,6 +54,12 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     remote, near = passes[-1]["worker_mean_s"][1], passes[-1]["worker_mean_s"][0]
     assert remote >= 2 * (4 << 20) / RATE * 0.9
     assert (near < remote / 4) if policy == "colocated" else (near >= 2 * (4 << 20) / RATE * 0.9)
+    # And per worker its reply's tail: the shard's send returns while the link still carries a
+    # part of the 4 MiB reply (the socket takes up to 2 MiB of it: 84 ms at this rate), never
+    # longer than the pass it ends.
+    assert all(len(r["reply_tail_s"]) == 2 for r in passes)
+    tail = passes[-1]["reply_tail_s"][1]
+    assert 0.1 * (4 << 20) / RATE < tail < remote
     model = fit_comm(comm)
     ps = next(f for f in model["fits"] if f["primitive"] == "ps")
     assert ps["link_queue"] == queue and ps["usable"], ps["flags"]
