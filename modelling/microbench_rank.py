@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from modelling.fit import COMM_KIND
-from modelling.links import tcp_wmem_max
+from modelling.links import tcp_rmem_max, tcp_wmem_max
 
 _SCRATCH = torch.ones(64, 64)
 
@@ -367,6 +367,7 @@ def _environment(world: int) -> dict[str, Any]:
         "world_size": world,
         "python": platform.python_version(),
         "tcp_wmem_max": tcp_wmem_max(),  # how much of a send its socket absorbs (modelling/links.py)
+        "tcp_rmem_max": tcp_rmem_max(),  # and the receiver's, while it does not read
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
 from modelling.fit import CommCosts, CommModelError
 from modelling.layers import check_layers
-from modelling.links import multi_node, send_buffer_bytes
+from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 from training.summary import shared_paces
@@ -63,6 +63,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         comm_on_cpu=on_cpu,
         node_of_rank=s.node_of_rank,
         send_buffer_bytes=send_buffer_bytes(comm.environment),
+        socket_buffer_bytes=socket_buffer_bytes(comm.environment) if placed_ps else 0,
         post_s=comm.post(s.workers, s.servers)(sum(layer_bytes)) if placed_ps else 0.0,
         local_transfer_s=comm.loopback_latency() if placed_ps else None,
         # Measured host CPU where the DAG's CPUs do not hold the copies (an emulated cluster's

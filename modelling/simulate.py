@@ -7,6 +7,12 @@ by the time a task became ready (ties: the order tasks were added). The
 simulator is event driven and exact for that policy: ready times leave the
 heap in non-decreasing order, so a task can always start at
 max(ready, when each of its resources frees up).
+
+A task may `absorb` part of its duration in its wait: what it could do before
+its resources were free (a push that waits for its shard is already in the
+socket buffers when the shard takes it) ends it that much sooner, at most the
+time it waited. Its start, and so the order in which resources serve, is as
+without it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class Dag:
     kinds: list[str] = field(default_factory=list)
     owners: list[str] = field(default_factory=list)  # which worker or server the task belongs to
     steps: list[int] = field(default_factory=list)
+    absorbs: list[float] = field(default_factory=list)  # of its duration, what a wait can absorb
 
     def add(
         self,
@@ -38,11 +45,14 @@ class Dag:
         kind: str = "",
         owner: str = "",
         step: int = 0,
+        absorbs: float = 0.0,
     ) -> int:
         deps = tuple(d for d in deps if d is not None)
         n = len(self.names)
         if duration < 0:
             raise ValueError(f"task {name}: negative duration {duration}")
+        if not 0.0 <= absorbs <= duration:
+            raise ValueError(f"task {name}: absorbs {absorbs} s of its wait, not within its duration {duration}")
         if deps and (max(deps) >= n or min(deps) < 0):
             raise ValueError(f"task {name}: depends on a task that does not exist yet")
         self.names.append(name)
@@ -52,6 +62,7 @@ class Dag:
         self.kinds.append(kind or name)
         self.owners.append(owner)
         self.steps.append(step)
+        self.absorbs.append(absorbs)
         return n
 
     def __len__(self) -> int:
@@ -91,7 +102,7 @@ def simulate(dag: Dag) -> Schedule:
             if f > begin:
                 begin, why = f, last_user[r]
         start[t], blocker[t] = begin, why
-        finish = begin + dag.durations[t]
+        finish = begin + dag.durations[t] - min(dag.absorbs[t], begin - ready)
         end[t] = finish
         for r in dag.resources[t]:
             free[r] = finish

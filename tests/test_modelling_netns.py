@@ -37,6 +37,8 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     # The send-buffer ceiling of the ranks' namespaces, which sets how much of an ASGD reply the
     # shard's socket takes (modelling/links.py): a namespace starts with the kernel's default.
     assert comm["environment"]["tcp_wmem_max"] >= 1 << 20
+    # And the receive buffer's, which holds a waiting push within a node (ASGDPlan).
+    assert comm["environment"]["tcp_rmem_max"] >= 1 << 20
     # Every PS round also times the workers' posting of it (OD-SGD's critical path).
     rounds = [r for r in comm["measurements"] if r["primitive"] == "ps"]
     assert len(rounds) == len(SIZES) and all(0 < r["post_s"] < r["median_s"] for r in rounds)

@@ -393,10 +393,42 @@ def test_asgd_passes_as_the_microbenchmark_timed_them_in_asgds_own_pattern() -> 
     assert r["iter_time_s"] == pytest.approx(COMPUTE + far(M) + APPLY + UNPACK, rel=1e-6)
     # The same world with a what-if link: the transfers from the fit, not the passes measured.
     assert build_costs(TABLE, CommCosts(comm, LINK), one_host).asgd_pass_s is None
-    # Colocated: worker 0 beside the shard passes within its node; worker 1 across the link.
+    # Colocated: worker 0 beside the shard passes within its node; worker 1 across the link
+    # (the schedule they give: the next test).
     node_of_rank = _placed(2, 1, 2, "colocated")
     raw = _with_asgd_passes(_ps_comm(node_of_rank), [near, far], node_of_rank)
     placed = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
-    [c] = predict(TABLE, fit_comm(raw, link_bytes_per_s=LINK), placed)
-    assert near(M) + APPLY + COMPUTE + UNPACK < COMPUTE + far(M) + APPLY + UNPACK
-    assert c["iter_time_s"] == pytest.approx(COMPUTE + far(M) + APPLY + UNPACK, rel=1e-6)
+    costs = build_costs(TABLE, CommCosts(fit_comm(raw, link_bytes_per_s=LINK)), placed)
+    assert [p(M) for p in costs.asgd_pass_s] == pytest.approx([near(M), far(M)], rel=1e-6)
+
+
+def test_a_push_that_waits_for_a_colocated_shard_passes_sooner_and_wins_the_race() -> None:
+    """mlp's ASGD beside a colocated shard at 1 Gbit/s: after worker 1's pass, the shard
+    served worker 0's waiting push in 14 ms (its bytes were in the loopback sockets' buffers),
+    where a push that finds the shard free takes 21.5; worker 0's next push then reached the
+    shard before worker 1's, and worker 0 stepped twice per step of worker 1. Hand-computed:
+    worker 0 (beside the shard) passes in `near`, worker 1 across the link in `far`, whose
+    reply holds the link `tail` after the shard has gone on."""
+    node_of_rank = _placed(2, 1, 2, "colocated")
+    near, far, tail = (lambda m: 2e-3), (lambda m: 2e-3 + m * 4e-9), 2e-3
+    raw = _with_asgd_passes(_ps_comm(node_of_rank), [near, far], node_of_rank, tails=[lambda m: tail] * 2)
+    scenario = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
+    model = fit_comm(raw, link_bytes_per_s=LINK)
+    costs = build_costs(TABLE, CommCosts(model), scenario)
+    assert costs.socket_buffer_bytes == 2**21 + 3 * 2**20 > M  # Linux's defaults: the whole push
+    free = near(M) + APPLY  # worker 0's pass when the shard is free: push, apply, reply
+    waited = free - near(M) / 2  # and when its push waited: its half was in the buffers
+    remote = far(M) / 2 + APPLY + far(M) / 2 - tail  # worker 1's pass, less the reply's tail
+    cycle = UNPACK + COMPUTE  # from a reply to the next push
+    assert waited < tail < free  # the race after worker 1's reply: worker 0's push first
+    assert tail < waited + free and cycle < remote  # worker 1 waits; worker 0's next push too
+    period = remote + waited + cycle + free  # the shard: worker 1, worker 0 twice, idle between
+    [r] = predict(TABLE, model, scenario)
+    assert r["iter_time_s"] == pytest.approx((period + period / 2) / 2, rel=1e-6)
+    # A push that finds the shard free or one that waited, the same: worker 1's push is first,
+    # and each of worker 0's waits out worker 1's pass: one pace.
+    raw["environment"]["tcp_wmem_max"] = raw["environment"]["tcp_rmem_max"] = 2
+    model = fit_comm(raw, link_bytes_per_s=LINK)
+    assert build_costs(TABLE, CommCosts(model), scenario).socket_buffer_bytes == 2
+    [locked] = predict(TABLE, model, scenario)
+    assert locked["iter_time_s"] == pytest.approx(tail + cycle + remote, rel=1e-6)

@@ -41,6 +41,28 @@ def test_a_transfer_holds_both_links_and_queues_behind_either() -> None:
     assert critical_path(dag, s, u) == [p0, p1, u]
 
 
+def test_a_wait_absorbs_at_most_what_the_task_could_do_before_its_resource_was_free() -> None:
+    """A push that waits for its shard is partly in the socket buffers when the shard takes it:
+    its pass is shorter by what it absorbed, at most its wait; where it was served at once, or
+    its wait was short, it pays the rest. The order of service is as without it."""
+    dag = Dag()
+    dag.add("a", 3.0, ("shard",))
+    b = dag.add("b", 2.0, ("shard",), absorbs=1.5)  # ready at 0, waits 3: absorbs all 1.5
+    c = dag.add("c", 1.0, ())
+    d = dag.add("d", 2.0, ("shard",), (c,), absorbs=1.0)  # ready at 1, waits 3.5 - 1
+    e = dag.add("e", 2.0, ("cpu",), absorbs=2.0)  # never waits
+    f = dag.add("f", 2.0, ("shard",), (d,), absorbs=1.0)  # ready when the shard frees: no wait
+    g = dag.add("g", 1.0, ("cpu",), (c,), absorbs=1.0)  # ready at 1, waits 1 behind e
+    s = simulate(dag)
+    assert (s.start[b], s.end[b]) == (3.0, 3.5)
+    assert (s.start[d], s.end[d]) == (3.5, 4.5)
+    assert (s.start[e], s.end[e]) == (0.0, 2.0)
+    assert (s.start[f], s.end[f]) == (4.5, 6.5)
+    assert (s.start[g], s.end[g]) == (2.0, 2.0)
+    with pytest.raises(ValueError, match="absorbs"):
+        Dag().add("x", 1.0, (), absorbs=2.0)
+
+
 def test_a_diamond_waits_for_its_slowest_branch() -> None:
     dag = Dag()
     a = dag.add("a", 1.0, ("x",))
