@@ -245,7 +245,8 @@ def own_compute(layers: dict, summary: dict) -> dict:
 
 def report(result: dict, rows: list[dict], link: float | None) -> None:
     where = {r["run"]: r["placement"] for r in rows}
-    print(f"{'configuration':<34} {'repeats':>7} {'predicted ms':>13} {'measured ms':>12} {'error':>8}  per run")
+    print(f"{'configuration':<34} {'repeats':>7} {'predicted ms':>13} {'measured ms':>12} {'error':>8} "
+          f"{'spread':>7}  per run")
     per_run = {r["run"]: r for r in result["runs"]}
     configs = []
     for c in result["configs"]:
@@ -253,15 +254,21 @@ def report(result: dict, rows: list[dict], link: float | None) -> None:
         for label in sorted({where[r] for r in c["runs"]}):
             mine = [per_run[r] for r in c["runs"] if where[r] == label]
             configs.append((f"{c['model']}-{c['algorithm']}-{c['comm']}-{label}", mine))
-    errors, by_model = [], {}
+    errors, by_model, spreads = [], {}, {}
     for label, mine in configs:
         predicted = statistics.median(r["predicted_iter_s"] for r in mine)
         measured = statistics.median(r["measured_iter_s"] for r in mine)
         error = (predicted - measured) / measured
         errors.append(abs(error))
         by_model.setdefault(label.split("-")[0], []).append(abs(error))
+        # The repeats' own spread: how far apart the same job measured on this host, the floor
+        # under which an error cannot be told from the host's drift.
+        times = [r["measured_iter_s"] for r in mine]
+        spread = max(times) / min(times) - 1
+        spreads.setdefault(label.split("-")[0], []).append(spread)
         each = " ".join(f"{r['error']:+.0%}" for r in mine)
-        print(f"{label:<34} {len(mine):>7} {predicted * 1e3:>13.2f} {measured * 1e3:>12.2f} {error:>+8.1%}  {each}")
+        print(f"{label:<34} {len(mine):>7} {predicted * 1e3:>13.2f} {measured * 1e3:>12.2f} {error:>+8.1%} "
+              f"{spread:>7.1%}  {each}")
     med, worst = statistics.median(errors), max(errors)
     target = NETNS_TARGET if link else TARGET
     print(
@@ -270,7 +277,8 @@ def report(result: dict, rows: list[dict], link: float | None) -> None:
     )
     for name, errs in by_model.items():
         print(f"  {name}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}, "
-              f"over {len(errs)} configurations")
+              f"over {len(errs)} configurations; its repeats' spread (max/min - 1 of the measured "
+              f"iteration): median {statistics.median(spreads[name]):.1%}, worst {max(spreads[name]):.1%}")
     single = sorted(abs(r["error"]) for r in result["runs"])
     print(
         f"single runs, each against its own median: median |error| {statistics.median(single):.1%}; "
