@@ -260,12 +260,13 @@ def report(result: dict, rows: list[dict], link: float | None) -> None:
         measured = statistics.median(r["measured_iter_s"] for r in mine)
         error = (predicted - measured) / measured
         errors.append(abs(error))
-        by_model.setdefault(label.split("-")[0], []).append(abs(error))
+        name = label.split("-")[0]
+        by_model.setdefault(name, []).append(abs(error))
         # The repeats' own spread: how far apart the same job measured on this host, the floor
         # under which an error cannot be told from the host's drift.
         times = [r["measured_iter_s"] for r in mine]
         spread = max(times) / min(times) - 1
-        spreads.setdefault(label.split("-")[0], []).append(spread)
+        spreads.setdefault(name, []).append(spread)
         each = " ".join(f"{r['error']:+.0%}" for r in mine)
         print(f"{label:<34} {len(mine):>7} {predicted * 1e3:>13.2f} {measured * 1e3:>12.2f} {error:>+8.1%} "
               f"{spread:>7.1%}  {each}")
