@@ -17,8 +17,11 @@ within each node (`_PSBuilder.concurrent`), and transfers hold full-duplex node 
 push the sender node's uplink and the shard node's downlink, a pull the reverse. A
 colocated shard's own node's workers reach it without crossing a link (a transfer
 of their latency alone), while the node's link carries the other nodes' traffic to
-it; a dedicated shard's node runs no worker. Comm on the CPU (loopback) does not
-apply between nodes.
+it; a dedicated shard's node runs no worker. A shard node's uplink, a FIFO queue, hands
+the first of the pulls sent at once back sooner than the last, by what the microbenchmark
+measured (`_SyncServer._shared`), and a worker's next push waits for its own pull, not the
+shard's last (`_SyncServer._free`: gloo's rendezvous on the pair's one connection). Comm on
+the CPU (loopback) does not apply between nodes.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ class Costs:
     # Placed, a worker's CPU time to post a round's sends and receives (gloo writes into the
     # socket from the caller): on OD-SGD's critical path, inside the others' wait.
     post_s: float = 0.0
+    # Placed, shard bytes -> how much sooner a shard's first remote worker (rank order) has its
+    # pull back than its last, as measured (CommCosts.pull_lead); None or 0: a fair share, all
+    # back together.
+    pull_lead_s: Callable[[int], float] | None = None
     # Placed, one transfer between two ranks of one node (a colocated shard and its node's
     # workers): a loopback copy, which crosses no link; None: transfer_s at 0 bytes.
     local_transfer_s: float | None = None
@@ -369,6 +376,7 @@ class _SyncServer(_PSBuilder):
     def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
         super().__init__(c, workers, servers, max_classes)
         self.shard_free: list[int | None] = [None] * servers  # the shard's loop is back at receive
+        self.pulled: list[list[int | None]] = [[None] * servers for _ in self.mult]  # class k's last pull from s
 
     def _transfer(self, name: str, t: int, k: int, s: int, deps, push: bool) -> int:
         nbytes = self.shard_bytes[s]
@@ -385,35 +393,68 @@ class _SyncServer(_PSBuilder):
         return comm_task(self.dag, name, duration, self.copy_s(nbytes, self.mult[k]), links, self.cpus(k, s), deps,
                          kind="comm", owner=self.owners[k], step=t)
 
+    def _link_s(self, k: int, s: int) -> float:
+        """What class k's pull from shard s holds the shard node's uplink for (`_transfer`)."""
+        one = self.transfer_s(k, s, self.shard_bytes[s])
+        return self.mult[k] * (one - min(self.transfer_s(k, s, 0), one))
+
     def _shared(self, t: int, s: int, shard_pulls: list[int]) -> list[int]:
-        """Placed, the pulls that cross the shard node's uplink are sent at once and share it
-        fairly: each ends when the last does (a join), not one after another as the link's
-        queue orders them. Within a node, or on one host, each pull as it is."""
+        """Placed, the pulls that cross the shard node's uplink are sent at once. Shared fairly,
+        each ends when the last does (a join), not one after another as the link's queue
+        orders them; where the microbenchmark measured the first back `lead` sooner than the
+        last (`Costs.pull_lead_s`: a FIFO queue is not fair), the j-th of r ends
+        lead (r-1-j)/(r-1) before the last, and no sooner than in queue order. Within a node,
+        or on one host, each pull as it is."""
         if not self.placed:
             remote = list(range(len(self.mult)))
         else:
             remote = [k for k in range(len(self.mult)) if self.class_node[k] != self.shard_node[s]]
         if len(remote) < 2:
             return shard_pulls
-        joined = self.dag.add(f"pulled s{s}", 0.0, (), [shard_pulls[k] for k in remote], kind="pulled",
-                              owner=f"server{s}", step=t)
-        return [joined if k in remote else pull for k, pull in enumerate(shard_pulls)]
+        lead = self.c.pull_lead_s(self.shard_bytes[s]) if self.placed and self.c.pull_lead_s else 0.0
+        out = list(shard_pulls)
+        if lead <= 0.0:
+            joined = self.dag.add(f"pulled s{s}", 0.0, (), [shard_pulls[k] for k in remote], kind="pulled",
+                                  owner=f"server{s}", step=t)
+            return [joined if k in remote else pull for k, pull in enumerate(shard_pulls)]
+        ends = [0.0]
+        for k in remote:
+            ends.append(ends[-1] + self._link_s(k, s))
+        last, r = ends[-1], len(remote)
+        for j, k in enumerate(remote[:-1]):
+            wait = max(last - lead * (r - 1 - j) / (r - 1) - ends[j + 1], 0.0)
+            out[k] = self.dag.add(f"pulled s{s}", wait, (), (shard_pulls[k],), kind="pulled",
+                                  owner=f"server{s}", step=t)
+        return out
 
     def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
         pulls: list[list[int]] = [[] for _ in self.mult]
         for s in range(self.servers):
             pushes = []
             for k in range(len(self.mult)):
-                self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], self.shard_free[s]), True)
+                self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], self._free(k, s)), True)
                 pushes.append(self.prev_push[k][s])
             update = self.dag.add("server update", self.c.server_update_s / self.servers, (compute("server", s),),
                                   pushes, kind="server_update", owner=f"server{s}", step=t)
             shard_pulls = [self._transfer(f"pull s{s}", t, k, s, (update,), False) for k in range(len(self.mult))]
             for k, pull in enumerate(self._shared(t, s, shard_pulls)):
                 pulls[k].append(pull)
+                self.pulled[k][s] = pull
             self.shard_free[s] = self.dag.add("server ready", 0.0, (), shard_pulls, kind="server_ready",
                                               owner=f"server{s}", step=t)
         return pulls
+
+    def _free(self, k: int, s: int) -> int | None:
+        """What class k's next push to shard s waits for. gloo sends a message only once its
+        receiver has posted the receive, and says so on the pair's one connection, behind the
+        bytes it sends the other way: after the shard's pull to k. Placed, a shard whose sends
+        fit the socket's buffer (`send_buffer_bytes`) posts its next receives at once, so that
+        pull is all; a larger one posts them once its sends are written, near its last pull's
+        end: its loop's turn (`shard_free`). That turn too where the pulls' lead was not
+        measured (their ends joined, the two are one for a remote class)."""
+        if self.placed and self.c.pull_lead_s and self.shard_bytes[s] <= self.c.send_buffer_bytes:
+            return self.pulled[k][s]
+        return self.shard_free[s]
 
 
 class PSSSGDPlan(_SyncServer):

@@ -153,7 +153,8 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
             overlap = multi_node(node_of_rank)
             alpha, beta, sustained = a / (2 if overlap else 2 * queue), b * s / (2 * queue), top * s / (2 * queue)
             extra = {"link_queue": queue, "node_of_rank": node_of_rank, "latency_overlaps": overlap,
-                     "post_s": _per_size(comm, lambda row: row.get("post_s"), (prim, n, s), sizes)}
+                     "post_s": _per_size(comm, lambda row: row.get("post_s"), (prim, n, s), sizes),
+                     "pull_lead_s": _per_size(comm, lambda row: row.get("pull_lead_s"), (prim, n, s), sizes)}
         elif prim == "asgd":
             # One pass: a push and a pull of M/S bytes to each shard, timed as ASGD runs it and
             # used as measured (CommCosts.asgd_pass), per worker: a colocated shard's own
@@ -311,6 +312,17 @@ class CommCosts:
         # Outside the sizes measured, the nearest end's: posting does not grow with the size
         # the way a transfer does (gloo writes what the socket takes and queues the rest).
         return lambda m: max(_local_linear(sizes, posts, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
+
+    def pull_lead(self, workers: int, servers: int) -> Callable[[float], float] | None:
+        """bytes of the model -> how much sooner a shard's first remote worker has its pull back
+        than its last (microbench_rank._pull_lead), as measured for this very world: its links'
+        queues at their rate. Interpolated over the sizes, the nearest end's outside them; at
+        least 0. None for another world, a what-if bandwidth or an older file."""
+        f = self._measured_here("ps", workers, servers, "pull_lead_s")
+        if f is None:
+            return None
+        sizes, leads = np.asarray(f["sizes"], dtype=float), np.asarray(f["pull_lead_s"], dtype=float)
+        return lambda m: max(_local_linear(sizes, leads, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
 
     def loopback_latency(self) -> float | None:
         """Placed, a transfer within a node (a worker and its colocated shard): at most the

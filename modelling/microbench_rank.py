@@ -163,6 +163,23 @@ def trimmed_mean(times: list[float], cut: float = 0.2) -> float:
     return statistics.fmean(xs[k : len(xs) - k] or xs)
 
 
+def _pull_lead(stamps: list[tuple[float, float]], n: int, node_of_rank: list[int] | None) -> float | None:
+    """Placed, how much sooner the first of the workers on nodes without a shard has its pull
+    back than the last of them (rank order, the order a shard sends in), per round, median:
+    a shard node's uplink, a FIFO queue, does not share itself fairly among pulls sent at once
+    (resnet20's 1.1 MB to 2 workers over 200 Mbit/s: the first back after 62-72 ms of the
+    pair's 88). None where fewer than two such workers (or one host)."""
+    if node_of_rank is None:
+        return None
+    shard_nodes = set(node_of_rank[n:])
+    remote = [r for r in range(n) if node_of_rank[r] not in shard_nodes]
+    if len(remote) < 2:
+        return None
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, stamps)
+    return statistics.median(every[remote[-1]][i][1] - every[remote[0]][i][1] for i in range(len(stamps)))
+
+
 def _row(primitive: str, workers: int, servers: int, nbytes: int, times: list[float]) -> dict[str, Any]:
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     return {
@@ -234,6 +251,7 @@ def run(out: Path) -> int:
                             computes=rank < n, offset_s=offset)
             row = _row("ps", n, s, numel * 4, _round_times(stamps, range(n))) | placed
             row["post_s"] = _median_post(posts[1:], n)  # the first: the warm-up
+            row["pull_lead_s"] = _pull_lead(stamps, n, placed.get("node_of_rank"))
             if one_host:
                 op = lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout)  # noqa: E731
                 row["host_cpu_s"] = _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)

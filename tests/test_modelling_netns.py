@@ -42,6 +42,13 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     # Every PS round also times the workers' posting of it (OD-SGD's critical path).
     rounds = [r for r in comm["measurements"] if r["primitive"] == "ps"]
     assert len(rounds) == len(SIZES) and all(0 < r["post_s"] < r["median_s"] for r in rounds)
+    # Dedicated, both workers' pulls share the shard node's uplink, and the round times how much
+    # sooner the first is back than the last: within the pull phase, half the round. Colocated,
+    # one worker crosses a link: nothing to share.
+    if policy == "dedicated":
+        assert all(abs(r["pull_lead_s"]) <= r["median_s"] / 2 for r in rounds)
+    else:
+        assert all(r["pull_lead_s"] is None for r in rounds)
     # Every rank shares this host's cores: each round records the host's CPU time for it, which
     # grows with the bytes (16 MB more move in the largest, at well over 0.2 ns of CPU a byte)
     # and stays within what the cores can give over the round.

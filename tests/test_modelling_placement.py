@@ -141,6 +141,40 @@ def test_odsgd_and_asgd_by_placement_equal_their_pipelines_by_hand() -> None:
     assert dedicated["iter_time_s"] == pytest.approx(max(local, 2 * (ALPHA + 2 * BYTES) + SERVER), rel=1e-6)
 
 
+def test_a_shards_first_pull_is_back_by_the_lead_the_microbenchmark_measured_and_its_push_follows() -> None:
+    """A shard node's uplink (a FIFO queue) serves pulls sent at once unfairly: the
+    microbenchmark times the first remote worker back `lead` before the last (pull_lead_s).
+    Node 0: worker 0, node 1: worker 1, node 2: the shard. With the lead, worker 0 computes
+    `lead` sooner, and its push takes the shard's downlink that much sooner: SSGD's iteration
+    is `lead` shorter. OD-SGD's next push waits only for its own pull (gloo sends once its
+    receiver has said so, on the one connection, behind the pull), where the shard's sends fit
+    the socket and its loop is back at receive at once: its round is `lead` shorter too.
+    Without the measurement (an older comm.json), the pulls end together, as before."""
+    lead = 0.25 * BYTES
+    node_of_rank = _placed(2, 1, 3, "dedicated")
+    raw = _ps_comm(node_of_rank)
+    raw["environment"]["tcp_wmem_max"] = 16 << 20  # the shard's 4 MB sends fit its sockets' buffers
+    rows = [r | {"pull_lead_s": lead} if r["primitive"] == "ps" else r for r in raw["measurements"]]
+    timed = {**raw, "measurements": rows}
+    assert CommCosts(fit_comm(timed)).pull_lead(2, 1)(M) == pytest.approx(lead, rel=1e-9)
+    assert CommCosts(fit_comm(raw)).pull_lead(2, 1) is None
+    assert CommCosts(fit_comm(timed), bandwidth_bytes_per_s=LINK / 2).pull_lead(2, 1) is None  # another rate
+
+    def iteration(algorithm: str, comm: dict) -> float:
+        scenario = Scenario.of("t", algorithm=algorithm, comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
+        [r] = predict(TABLE, fit_comm(comm, link_bytes_per_s=LINK), scenario)
+        return r["iter_time_s"]
+
+    round_s = 2 * (ALPHA + 2 * BYTES)
+    assert iteration("ssgd", raw) == pytest.approx(COMPUTE + round_s + SERVER + UNPACK, rel=1e-9)
+    assert iteration("ssgd", timed) == pytest.approx(COMPUTE + round_s + SERVER + UNPACK - lead, rel=1e-9)
+    assert iteration("odsgd", raw) == pytest.approx(round_s + SERVER, rel=1e-6)
+    assert iteration("odsgd", timed) == pytest.approx(round_s + SERVER - lead, rel=1e-6)
+    # A lead longer than a pull is FIFO order at most: the first back after its own bytes.
+    rows = [r | {"pull_lead_s": 3 * BYTES} if r["primitive"] == "ps" else r for r in raw["measurements"]]
+    assert iteration("ssgd", {**raw, "measurements": rows}) < iteration("ssgd", timed)
+
+
 def test_asgd_on_a_dedicated_shard_node_replies_through_the_socket_buffer() -> None:
     """The shard serves one push at a time (receive, apply, reply) and goes back to receiving
     once its socket has taken the reply: all but the last half of Linux's 4 MiB send-buffer
