@@ -316,13 +316,16 @@ class CommCosts:
     def pull_lead(self, workers: int, servers: int) -> Callable[[float], float] | None:
         """bytes of the model -> how much sooner a shard's first remote worker has its pull back
         than its last (microbench_rank._pull_lead), as measured for this very world: its links'
-        queues at their rate. Interpolated over the sizes, the nearest end's outside them; at
-        least 0. None for another world, a what-if bandwidth or an older file."""
+        queues at their rate. Each size's at least 0 (the order flips now and then: a negative
+        median is no lead), interpolated linearly between sizes, the nearest end's outside
+        them; not `_local_linear`, whose weights (1/t) do not hold for values at or near 0.
+        None for another world, a what-if bandwidth or an older file."""
         f = self._measured_here("ps", workers, servers, "pull_lead_s")
         if f is None:
             return None
-        sizes, leads = np.asarray(f["sizes"], dtype=float), np.asarray(f["pull_lead_s"], dtype=float)
-        return lambda m: max(_local_linear(sizes, leads, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
+        sizes = np.asarray(f["sizes"], dtype=float)
+        leads = np.maximum(np.asarray(f["pull_lead_s"], dtype=float), 0.0)
+        return lambda m: float(np.interp(m, sizes, leads))
 
     def loopback_latency(self) -> float | None:
         """Placed, a transfer within a node (a worker and its colocated shard): at most the

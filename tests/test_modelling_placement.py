@@ -158,6 +158,14 @@ def test_a_shards_first_pull_is_back_by_the_lead_the_microbenchmark_measured_and
     timed = {**raw, "measurements": rows}
     assert CommCosts(fit_comm(timed)).pull_lead(2, 1)(M) == pytest.approx(lead, rel=1e-9)
     assert CommCosts(fit_comm(raw)).pull_lead(2, 1) is None
+    # Per size as measured: a negative median (the order flipped) is no lead, and between two
+    # sizes the line between them; a near-zero value does not bend its neighbours'.
+    by_size = dict(zip(SIZES, [-2e-5, 1e-5, 1e-4, 1e-3, 2e-3, 4e-3, -1e-3], strict=True))
+    measured = [r | {"pull_lead_s": by_size[r["bytes"]]} if r["primitive"] == "ps" else r for r in raw["measurements"]]
+    lead_of = CommCosts(fit_comm({**raw, "measurements": measured})).pull_lead(2, 1)
+    assert lead_of(SIZES[0]) == 0.0 and lead_of(SIZES[-1]) == 0.0 and lead_of(10 * SIZES[-1]) == 0.0
+    assert lead_of(SIZES[3]) == pytest.approx(1e-3, rel=1e-9)
+    assert lead_of((SIZES[4] + SIZES[5]) / 2) == pytest.approx(3e-3, rel=1e-9)
     assert CommCosts(fit_comm(timed), bandwidth_bytes_per_s=LINK / 2).pull_lead(2, 1) is None  # another rate
 
     def iteration(algorithm: str, comm: dict) -> float:
