@@ -378,25 +378,23 @@ class _SyncServer(_PSBuilder):
         self.shard_free: list[int | None] = [None] * servers  # the shard's loop is back at receive
         self.pulled: list[list[int | None]] = [[None] * servers for _ in self.mult]  # class k's last pull from s
 
+    def _latency_and_link_s(self, k: int, s: int) -> tuple[float, float]:
+        """Over a node link, transfers sent at once wait out their latencies together and queue
+        only for their bytes (modelling/fit.py): the latency holds no link, and a class's
+        transfers pay it once. (latency, what class k's transfers to or from s hold the link for)."""
+        one = self.transfer_s(k, s, self.shard_bytes[s])
+        latency = min(self.transfer_s(k, s, 0), one)
+        return latency, self.mult[k] * (one - latency)
+
     def _transfer(self, name: str, t: int, k: int, s: int, deps, push: bool) -> int:
         nbytes = self.shard_bytes[s]
-        one = self.transfer_s(k, s, nbytes)
-        duration = self.mult[k] * one
+        duration = self.mult[k] * self.transfer_s(k, s, nbytes)
         links = self.links(k, s, push)
         if self.placed and links:
-            # Over a node link, transfers sent at once wait out their latencies together and
-            # queue only for their bytes (modelling/fit.py): the latency holds no link, and a
-            # class's transfers pay it once.
-            latency = min(self.transfer_s(k, s, 0), one)
+            latency, duration = self._latency_and_link_s(k, s)
             deps = (self.dag.add(name, latency, (), deps, kind="comm", owner=self.owners[k], step=t),)
-            duration -= self.mult[k] * latency
         return comm_task(self.dag, name, duration, self.copy_s(nbytes, self.mult[k]), links, self.cpus(k, s), deps,
                          kind="comm", owner=self.owners[k], step=t)
-
-    def _link_s(self, k: int, s: int) -> float:
-        """What class k's pull from shard s holds the shard node's uplink for (`_transfer`)."""
-        one = self.transfer_s(k, s, self.shard_bytes[s])
-        return self.mult[k] * (one - min(self.transfer_s(k, s, 0), one))
 
     def _shared(self, t: int, s: int, shard_pulls: list[int]) -> list[int]:
         """Placed, the pulls that cross the shard node's uplink are sent at once. Shared fairly,
@@ -412,14 +410,14 @@ class _SyncServer(_PSBuilder):
         if len(remote) < 2:
             return shard_pulls
         lead = self.c.pull_lead_s(self.shard_bytes[s]) if self.placed and self.c.pull_lead_s else 0.0
-        out = list(shard_pulls)
         if lead <= 0.0:
             joined = self.dag.add(f"pulled s{s}", 0.0, (), [shard_pulls[k] for k in remote], kind="pulled",
                                   owner=f"server{s}", step=t)
             return [joined if k in remote else pull for k, pull in enumerate(shard_pulls)]
-        ends = [0.0]
+        ends = [0.0]  # in queue order
         for k in remote:
-            ends.append(ends[-1] + self._link_s(k, s))
+            ends.append(ends[-1] + self._latency_and_link_s(k, s)[1])
+        out = list(shard_pulls)
         last, r = ends[-1], len(remote)
         for j, k in enumerate(remote[:-1]):
             wait = max(last - lead * (r - 1 - j) / (r - 1) - ends[j + 1], 0.0)

@@ -314,7 +314,7 @@ class CommCosts:
         return lambda m: max(_local_linear(sizes, posts, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
 
     def pull_lead(self, workers: int, servers: int) -> Callable[[float], float] | None:
-        """bytes of the model -> how much sooner a shard's first remote worker has its pull back
+        """bytes of a shard -> how much sooner the shard's first remote worker has its pull back
         than its last (microbench_rank._pull_lead), as measured for this very world: its links'
         queues at their rate. Each size's at least 0 (the order flips now and then: a negative
         median is no lead), interpolated linearly between sizes, the nearest end's outside
@@ -325,7 +325,7 @@ class CommCosts:
             return None
         sizes = np.asarray(f["sizes"], dtype=float)
         leads = np.maximum(np.asarray(f["pull_lead_s"], dtype=float), 0.0)
-        return lambda m: float(np.interp(m, sizes, leads))
+        return lambda m: float(np.interp(m * servers, sizes, leads))  # a round's size: the whole model
 
     def loopback_latency(self) -> float | None:
         """Placed, a transfer within a node (a worker and its colocated shard): at most the

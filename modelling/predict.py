@@ -66,18 +66,13 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         socket_buffer_bytes=socket_buffer_bytes(comm.environment) if placed_ps else 0,
         post_s=comm.post(s.workers, s.servers)(sum(layer_bytes)) if placed_ps else 0.0,
         local_transfer_s=comm.loopback_latency() if placed_ps else None,
-        pull_lead_s=_per_shard(comm.pull_lead(s.workers, s.servers), s.servers) if placed_ps else None,
+        pull_lead_s=comm.pull_lead(s.workers, s.servers) if placed_ps else None,
         # Measured host CPU where the DAG's CPUs do not hold the copies (an emulated cluster's
         # nodes); on loopback the copying part of the transfers is that CPU time already.
         host_comm_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if not on_cpu else None,
         asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if s.algorithm == "asgd" else None,
         asgd_reply_tail_s=comm.asgd_reply_tail(s.workers, s.servers) if s.algorithm == "asgd" and placed_ps else None,
     )
-
-
-def _per_shard(of_model: Callable[[float], float] | None, servers: int) -> Callable[[int], float] | None:
-    """A cost the microbenchmark measured per round of the whole model, as one of a shard's M/S bytes."""
-    return None if of_model is None else (lambda m: of_model(m * servers))
 
 
 def copying_part(cost: Callable[[int], float]) -> Callable[[int], float]:

@@ -111,6 +111,13 @@ def _predict(algorithm: str, node_of_rank: tuple[int, ...], tcp_wmem_max: int | 
     return r
 
 
+def _iteration(algorithm: str, comm: dict, node_of_rank: tuple[int, ...], table: dict = TABLE) -> float:
+    """The predicted iteration of 2 workers and 1 shard so placed, from a raw comm.json."""
+    scenario = Scenario.of("t", algorithm=algorithm, comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
+    [r] = predict(table, fit_comm(comm, link_bytes_per_s=LINK), scenario)
+    return r["iter_time_s"]
+
+
 def test_ssgd_ps_with_a_colocated_shard_equals_its_schedule_by_hand() -> None:
     # node 0: worker 0 and the shard; node 1: worker 1. Worker 0's push stays on node 0
     # (latency only); worker 1's crosses node 1's uplink and node 0's downlink, T. The
@@ -169,9 +176,7 @@ def test_a_shards_first_pull_is_back_by_the_lead_the_microbenchmark_measured_and
     assert CommCosts(fit_comm(timed), bandwidth_bytes_per_s=LINK / 2).pull_lead(2, 1) is None  # another rate
 
     def iteration(algorithm: str, comm: dict) -> float:
-        scenario = Scenario.of("t", algorithm=algorithm, comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
-        [r] = predict(TABLE, fit_comm(comm, link_bytes_per_s=LINK), scenario)
-        return r["iter_time_s"]
+        return _iteration(algorithm, comm, node_of_rank)
 
     round_s = 2 * (ALPHA + 2 * BYTES)
     assert iteration("ssgd", raw) == pytest.approx(COMPUTE + round_s + SERVER + UNPACK, rel=1e-9)
@@ -335,9 +340,7 @@ def test_odsgd_pays_for_posting_its_round_where_it_does_not_wait() -> None:
     assert CommCosts(fit_comm(timed)).post(2, 1)(4 * SIZES[-1]) == pytest.approx(post, rel=1e-9)
 
     def iteration(algorithm: str, comm: dict) -> float:
-        scenario = Scenario.of("t", algorithm=algorithm, comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
-        [r] = predict(table, fit_comm(comm, link_bytes_per_s=LINK), scenario)
-        return r["iter_time_s"]
+        return _iteration(algorithm, comm, node_of_rank, table)
 
     local = COMPUTE + UNPACK + UPDATE
     assert iteration("odsgd", raw) == pytest.approx(local, rel=1e-6)
