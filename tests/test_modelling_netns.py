@@ -43,10 +43,16 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     rounds = [r for r in comm["measurements"] if r["primitive"] == "ps"]
     assert len(rounds) == len(SIZES) and all(0 < r["post_s"] < r["median_s"] for r in rounds)
     # Dedicated, both workers' pulls share the shard node's uplink, and the round times how much
-    # sooner the first is back than the last: within the pull phase, half the round. Colocated,
+    # sooner the first is back than the last. Both ends lie within the round (after its last
+    # start), so in every repeat the lead is shorter than the round. Where the link sets the
+    # time (1 MiB and up, 10x tbf's 100 KB burst), a work-conserving link ends the last pull at
+    # most one pull's time on it (M/R) after the first. Below that the bucket's burst carries the
+    # bytes and the round is the host's scheduling (2-7 ms at 64 KiB), while the lead is the
+    # second pull's wire time (1.5 ms): no bound in the round's terms holds there. Colocated,
     # one worker crosses a link: nothing to share.
     if policy == "dedicated":
-        assert all(abs(r["pull_lead_s"]) <= r["median_s"] / 2 for r in rounds)
+        assert all(abs(r["pull_lead_s"]) <= r["median_s"] for r in rounds)
+        assert all(abs(r["pull_lead_s"]) <= r["bytes"] / RATE for r in rounds if r["bytes"] >= 1 << 20)
     else:
         assert all(r["pull_lead_s"] is None for r in rounds)
     # Every rank shares this host's cores: each round records the host's CPU time for it, which
