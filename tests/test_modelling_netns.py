@@ -48,7 +48,7 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     # time (1 MiB and up, 10x tbf's 100 KB burst), a work-conserving link ends the last pull at
     # most one pull's time on it (M/R) after the first. Below that the bucket's burst carries the
     # bytes and the round is the host's scheduling (2-7 ms at 64 KiB), while the lead is the
-    # second pull's wire time (1.5 ms): no bound in the round's terms holds there. Colocated,
+    # second pull's wire time (1.5 ms): half the round does not bound it there. Colocated,
     # one worker crosses a link: nothing to share.
     if policy == "dedicated":
         assert all(abs(r["pull_lead_s"]) <= r["median_s"] for r in rounds)
