@@ -314,14 +314,18 @@ class _PSBuilder:
         self.prev_update: list[int | None] = [None] * len(self.mult)
         self.prev_push: list[list[int | None]] = [[None] * servers for _ in self.mult]
 
-    def build(self, iterations: int) -> Plan:
+    def build(self, iterations: int, counts: Sequence[int] | None = None) -> Plan:
+        """`iterations` of every class, or `counts[k]` of class k (ASGD's classes keep their
+        own paces: one that laps the others is unrolled further, so they all run over one window)."""
+        counts = list(counts) if counts is not None else [iterations] * len(self.mult)
         ends: dict[str, list[int]] = {w: [] for w in self.owners}
-        for t in range(iterations):
-            packs = [self._compute(t, k) for k in range(len(self.mult))]
+        for t in range(max(counts)):
+            self.active = [k for k in range(len(self.mult)) if t < counts[k]]
+            packs = {k: self._compute(t, k) for k in self.active}
             pulls = self.exchange(t, packs)
-            for k, w in enumerate(self.owners):
+            for k in self.active:
                 self.prev_update[k] = self.update(t, k, packs[k], pulls[k])
-                ends[w].append(self.prev_update[k])
+                ends[self.owners[k]].append(self.prev_update[k])
         return Plan(self.dag, ends, dict(zip(self.owners, self.mult, strict=True)))
 
     def _compute(self, t: int, k: int) -> int:
@@ -360,7 +364,7 @@ class _PSBuilder:
     def copy_s(self, m: int, times: float) -> float | None:
         return None if self.c.transfer_cpu_s is None else times * self.c.transfer_cpu_s(m)
 
-    def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
+    def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
         """Per worker class, the tasks that bring back its share of the global model."""
         raise NotImplementedError
 
@@ -425,7 +429,7 @@ class _SyncServer(_PSBuilder):
                                   owner=f"server{s}", step=t)
         return out
 
-    def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
+    def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
         pulls: list[list[int]] = [[] for _ in self.mult]
         for s in range(self.servers):
             pushes = []
@@ -501,9 +505,10 @@ class ASGDPlan(_PSBuilder):
             return super().transfer_s(k, s, nbytes)
         return passes[self.first_worker[k]](nbytes * self.servers) / 2
 
-    def exchange(self, t: int, packs: list[int]) -> list[list[int]]:
+    def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
         c, pulls = self.c, [[] for _ in self.mult]
-        for k, w in enumerate(self.owners):
+        for k in self.active:
+            w = self.owners[k]
             for s in range(self.servers):
                 if self.placed and self.class_node[k] != self.shard_node[s]:
                     pulls[k].append(self._served(t, k, s, packs[k]))
@@ -551,18 +556,20 @@ PS_PLANS: dict[str, type[_PSBuilder]] = {"ssgd": PSSSGDPlan, "asgd": ASGDPlan, "
 ITERATIONS = {("ssgd", "allreduce"): 3, ("ssgd", "ps"): 4, ("odsgd", "ps"): 6, ("asgd", "ps"): 8}
 
 
-def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: int, max_classes: int = 8) -> Plan:
+def build_ps(c: Costs, algorithm: str, workers: int, servers: int, iterations: int, max_classes: int = 8,
+             counts: Sequence[int] | None = None) -> Plan:
     """SSGD-PS, ASGD or OD-SGD: worker classes pushing to and pulling from S shards."""
-    return PS_PLANS[algorithm](c, workers, servers, max_classes).build(iterations)
+    return PS_PLANS[algorithm](c, workers, servers, max_classes).build(iterations, counts)
 
 
-def build_plan(c: Costs, s: Scenario, iterations: int | None = None) -> Plan:
+def build_plan(c: Costs, s: Scenario, iterations: int | None = None, counts: Sequence[int] | None = None) -> Plan:
     """The unrolled DAG of scenario `s` (its world size; costs for that world size), over
-    `iterations` (default: enough for the algorithm's usual pipeline to settle)."""
+    `iterations` (default: enough for the algorithm's usual pipeline to settle), or per
+    worker class `counts` (ASGD only: its classes need not keep step)."""
     iterations = iterations or ITERATIONS[(s.algorithm, s.comm)]
     if s.comm == "allreduce":
         return build_allreduce(c, s.workers, iterations, overlap=s.overlap, bucket_bytes=s.bucket_bytes)
-    return build_ps(c, s.algorithm, s.workers, s.servers, iterations)
+    return build_ps(c, s.algorithm, s.workers, s.servers, iterations, counts=counts if s.algorithm == "asgd" else None)
 
 
 def without_compute(c: Costs) -> Costs:

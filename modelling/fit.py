@@ -258,7 +258,9 @@ class CommCosts:
     def __init__(self, model: dict[str, Any], bandwidth_bytes_per_s: float | None = None) -> None:
         self.fits = model["fits"]
         self.bw = bandwidth_bytes_per_s
+        self.link = model.get("link_bytes_per_s")  # the stated link rate the fit was checked against
         self.environment = model.get("environment") or {}
+        self.notes: list[str] = []  # what the costs handed out so far assumed in place of a fit
 
     def _nearest(self, prim: str, workers: int, servers: int = 0) -> dict[str, Any] | None:
         cands = [f for f in self.fits if f["primitive"] == prim]
@@ -271,13 +273,28 @@ class CommCosts:
         return min(cands, key=dist)
 
     def _usable(self, f: dict[str, Any]) -> dict[str, Any]:
-        """The fit itself, unless it is flagged and no bandwidth replaces its beta."""
-        if not f.get("usable", True) and self.bw is None:
+        """The fit itself, unless it is flagged and no bandwidth replaces its beta (`_rate`)."""
+        if not f.get("usable", True) and self._rate(f) is None:
             raise CommModelError(
                 f"comm model: the {f['primitive']} fit for {f['workers']} workers is flagged "
                 f"({'; '.join(f['flags'])}); give a bandwidth to predict with"
             )
         return f
+
+    def _rate(self, f: dict[str, Any]) -> float | None:
+        """The bytes/s that sets a transfer's wire time in place of the fit's beta: a what-if
+        bandwidth; else, for a flagged fit, the stated link rate (a fit faster than its link
+        measured another path, e.g. loopback, and says nothing about the link), with a note;
+        None: the fit's own beta."""
+        if self.bw is not None:
+            return self.bw
+        if f.get("usable", True) or not self.link:
+            return None
+        note = (f"the {f['primitive']} fit for {f['workers']} workers is flagged ({'; '.join(f['flags'])}); "
+                f"wire time at the stated link rate ({self.link * 8 / 1e9:.3g} Gbit/s)")
+        if note not in self.notes:
+            self.notes.append(note)
+        return self.link
 
     def allreduce(self, workers: int):
         """bytes -> seconds of a ring allreduce over `workers` ranks."""
@@ -290,14 +307,15 @@ class CommCosts:
                 raise CommModelError("comm model: no allreduce or p2p fits; run `ddlbench microbench`")
             self._usable(p)
             alpha, beta, gamma = p["alpha_s"], p["beta_s_per_byte"], 0.0
-        elif f["workers"] == workers and self.bw is None:
+        elif f["workers"] == workers and self.bw is None and (_noisy_only(f) or self._rate(f) is None):
             # The measurements themselves: usable where only noise spoiled the fitted line.
             return _measured(f if _noisy_only(f) else self._usable(f))
         else:
             self._usable(f)
             alpha, beta, gamma = f["alpha_s"], f["beta_s_per_byte"], max(f["gamma_s_per_byte"] or 0.0, 0.0)
-        if self.bw is not None:
-            beta = 1.0 / self.bw
+        rate = self._rate(f if f is not None else p)
+        if rate is not None:
+            beta = 1.0 / rate
         n = workers
         return lambda m: 2 * (n - 1) * alpha + (n - 1) / n * m * (2 * beta + gamma)
 
@@ -410,9 +428,13 @@ class CommCosts:
                 return lambda m: latency / 2 + max(round_s(m * servers) - latency, 0.0) / (2 * queue)
             return lambda m: round_s(m * servers) / (2 * queue)
         self._usable(f)
-        alpha = f["alpha_s"]
-        beta = 1.0 / self.bw if self.bw is not None else f["beta_s_per_byte"]
+        alpha, rate = f["alpha_s"], self._rate(f)
+        beta = 1.0 / rate if rate is not None else f["beta_s_per_byte"]
         return lambda m: alpha + m * beta
+
+    def note(self, mark: int = 0) -> str:
+        """What the costs handed out since `mark` (a length of `notes`) assumed in place of a fit."""
+        return "; ".join(self.notes[mark:])
 
 
 def _nonnegative_line(m: np.ndarray, t: np.ndarray) -> tuple[float, float]:

@@ -17,6 +17,24 @@ from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 from training.summary import shared_paces
 
+
+class NoPrediction(CommModelError):
+    """A scenario the model cannot predict; the message says why (DESIGN §3: a row
+    "no prediction: why", never a failed run). A CommModelError, as a comm model the
+    predictor refuses is: callers that skip one skip the other."""
+
+
+# What a prediction row holds; a no-prediction row has them None and says why instead.
+FIGURES = ("iter_time_s", "throughput_samples_per_s", "compute_s", "comm_s", "comm_max_s", "utilisation",
+           "critical_path", "host_cpu_bound_s")
+
+
+def no_prediction(s: Scenario, reason: str) -> dict[str, Any]:
+    """The row of a scenario the model cannot predict: its identity, no figures, the reason."""
+    return {"workers": s.workers, "servers": s.servers, "algorithm": s.algorithm, "comm": s.comm,
+            **dict.fromkeys(FIGURES), "no_prediction": reason, "note": None}
+
+
 WORKER_TASKS = ("data", "forward", "backward", "update")  # worker computation, by task kind
 SERVER_PHASE = {"push": "comm_exposed", "pull": "send", "push-apply-pull": "update"}
 
@@ -136,12 +154,40 @@ def _steady_state(c: Costs, s: Scenario) -> tuple[Plan, Schedule, dict[str, floa
         )
         if settled or iterations * 2 > _MAX_ITERATIONS:
             if half is None:
-                raise RuntimeError(
-                    f"{s.algorithm}-{s.comm} on {s.workers} workers: no window in which every worker "
-                    f"runs, over {iterations} unrolled iterations"
-                )
+                return _lapped(c, s, plan, sched, iterations)
             return plan, sched, half
         iterations *= 2
+
+
+def _own_pace(ends: list[float]) -> float:
+    """A worker's period over the second half of its own iterations."""
+    k = len(ends) // 2
+    return (ends[-1] - ends[k - 1]) / (len(ends) - k) if len(ends) > 1 else ends[-1]
+
+
+def _lapped(c: Costs, s: Scenario, plan: Plan, sched: Schedule, iterations: int) -> tuple[Plan, Schedule, dict]:
+    """Workers without a barrier (ASGD) that keep paces so different that, unrolled alike, the
+    fast ones are done before the slow ones have run twice: each class is unrolled in
+    proportion to its pace (first its own, then its pace over the window they share), so that
+    every class runs over one window. A worker that laps the others is a pace, not an error."""
+    owners = list(plan.iteration_ends)
+    paces = [_own_pace([sched.end[t] for t in plan.iteration_ends[o]]) for o in owners]
+    for _ in range(6):
+        slowest = max(paces)
+        counts = [min(max(iterations, round(iterations * slowest / max(p, 1e-15))), 64 * iterations) for p in paces]
+        plan = build_plan(c, s, iterations, counts)
+        sched = simulate(plan.dag)
+        shared = _periods(plan, sched)
+        if shared is None:
+            raise NoPrediction(
+                f"{s.algorithm}-{s.comm} on {s.workers} workers: no window in which every worker runs, "
+                f"with each unrolled by its pace (up to {max(counts)} iterations)"
+            )
+        new = [shared[o] for o in owners]
+        if all(abs(a - b) <= 1e-3 * b for a, b in zip(paces, new, strict=True)):
+            break
+        paces = new
+    return plan, sched, shared
 
 
 def _compact_path(plan: Plan, sched: Schedule, path: list[int]) -> list[dict[str, Any]]:
@@ -158,6 +204,7 @@ def _compact_path(plan: Plan, sched: Schedule, path: list[int]) -> list[dict[str
 
 def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores: int | None = None) -> dict[str, Any]:
     """The prediction of one scenario (its comm_on_cpu decided: see `predict`)."""
+    mark = len(comm.notes)
     costs = build_costs(layers, comm, s)
     plan, sched, periods = _steady_state(costs, s)
     total = sum(plan.multiplicity.values())
@@ -172,9 +219,11 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
         # All buckets queue on the network: communication alone is their sum.
         groups = comm_groups(costs, s.overlap, s.bucket_bytes)
         comm_s = sum(costs.allreduce_s(nbytes) for _, nbytes in groups) if s.workers > 1 else 0.0
+        comm_max = comm_s
     else:
         bare, _, bare_periods = _steady_state(without_compute(costs), s)
         comm_s = sum(bare_periods[o] * m for o, m in bare.multiplicity.items()) / total
+        comm_max = max(bare_periods.values())
     ends = plan.iteration_ends["worker0"]
     k = len(ends) // 2
     t0, t1 = sched.end[ends[k - 1]], sched.end[ends[-1]]
@@ -196,9 +245,15 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
         "throughput_samples_per_s": throughput,
         "compute_s": compute_s,
         "comm_s": comm_s,
+        # The slowest worker class's communication alone: where classes keep their own paces
+        # (ASGD beside a colocated shard) the mean iteration lies within
+        # max(compute, comm) <= iteration <= compute + comm_max, not compute + comm.
+        "comm_max_s": comm_max,
         "utilisation": {g: sum(v) / len(v) for g, v in sorted(groups_busy.items())},
         "critical_path": _compact_path(plan, sched, critical_path(plan.dag, sched, ends[-1], t0)),
         "host_cpu_bound_s": host_bound,
+        "no_prediction": None,
+        "note": comm.note(mark) or None,
     }
 
 
@@ -266,9 +321,12 @@ def predict(
     scenario: Scenario | None = None,
     *,
     workers: list[int] | None = None,
+    strict: bool = True,
     **settings: Any,
 ) -> list[dict[str, Any]]:
     """One prediction per world size in `workers` (default: the scenario's), in order.
+    A world the model cannot predict (CommModelError, NoPrediction) raises where `strict`;
+    otherwise its row has no figures and a `no_prediction` reason (`no_prediction`).
 
     `predict(layers, comm_model, Scenario(...), workers=[...])`; the keyword settings
     of a Scenario (algorithm=, comm_mode= for comm, servers=, bucket_mb=, ...) work in
@@ -281,7 +339,16 @@ def predict(
         raise ValueError(f"workers: every world size must be at least 1, got {sizes}")
     comm = CommCosts(comm_model, scenario.bandwidth_bytes_per_s)
     host_cores = (comm_model.get("environment") or {}).get("cpu_count")
-    return [predict_one(layers, comm, _decided(scenario.with_workers(n), comm_model), host_cores) for n in sizes]
+    out = []
+    for n in sizes:
+        s = _decided(scenario.with_workers(n), comm_model)
+        try:
+            out.append(predict_one(layers, comm, s, host_cores))
+        except CommModelError as err:  # NoPrediction among them
+            if strict:
+                raise
+            out.append(no_prediction(s, str(err)))
+    return out
 
 
 def predicted_timeline(

@@ -81,8 +81,14 @@ def test_a_fit_faster_than_the_link_is_flagged_and_not_used() -> None:
     model = fit_comm(synthetic_comm(20e-6, 0.1e-9, 0.0), link_bytes_per_s=parse_bandwidth("10gbit"))
     p2p = _fit(model, "p2p")
     assert not p2p["usable"] and "faster than the link" in p2p["flags"][0]
+    # The stated link rate is never ignored: it sets the wire time in the fit's place, and says so.
+    costs = CommCosts(model)
+    assert costs.transfer(4, 1)(1.25e9) == pytest.approx(1.0 + 20e-6, rel=1e-3)
+    assert costs.allreduce(4)(1.25e9) == pytest.approx(2 * 3 / 4 * 1.0, rel=1e-2)
+    assert "flagged" in costs.note() and "stated link rate (10 Gbit/s)" in costs.note()
+    # Without a stated rate, nothing replaces the impossible beta: refused.
     with pytest.raises(CommModelError, match="flagged"):
-        CommCosts(model).transfer(4, 1)
+        CommCosts({**model, "link_bytes_per_s": None}).transfer(4, 1)
     # A what-if bandwidth replaces the impossible beta.
     assert CommCosts(model, 1.25e9).transfer(4, 1)(1.25e9) == pytest.approx(1.0, rel=1e-3)
 

@@ -335,3 +335,45 @@ def test_past_the_ranks_measured_on_one_host_a_world_spans_more_hosts() -> None:
     assert small["host_cpu_bound_s"] > 0 and big["host_cpu_bound_s"] == 0.0
     [same] = predict(TOY, LOOPBACK, algorithm="ssgd", comm_mode="ps", workers=[64], servers=1, comm_on_cpu=False)
     assert big["iter_time_s"] == same["iter_time_s"]
+
+
+def test_a_scenario_the_model_cannot_predict_is_a_row_that_says_why() -> None:
+    """No ps fit and no p2p fit: a PS world cannot be costed. Strict (the default), it raises a
+    CommModelError as before; otherwise its row has no figures and the reason, and the other
+    worlds are predicted."""
+    from modelling.fit import CommModelError
+    from modelling.predict import FIGURES
+
+    allreduce_only = {**COMM, "fits": [f for f in COMM["fits"] if f["primitive"] == "allreduce"]}
+    with pytest.raises(CommModelError, match="no ps or p2p fits"):
+        predict(TOY, allreduce_only, algorithm="ssgd", comm_mode="ps", workers=[2])
+    rows = predict(TOY, allreduce_only, algorithm="ssgd", comm_mode="ps", workers=[1, 2], strict=False)
+    assert [r["workers"] for r in rows] == [1, 2]
+    for r in rows:
+        assert "no ps or p2p fits" in r["no_prediction"]
+        assert all(r[k] is None for k in FIGURES)
+    [ok] = predict(TOY, allreduce_only, algorithm="ssgd", comm_mode="allreduce", workers=[2], strict=False)
+    assert ok["no_prediction"] is None and ok["iter_time_s"] > 0
+
+
+def test_the_predict_stage_writes_a_row_for_every_configuration_predicted_or_not() -> None:
+    """The pipeline's predict stage (pipelines/stages/model.py) on the recorded one-host grid:
+    with its ps fit gone, every PS configuration is a `no_prediction` row, the allreduce ones
+    are predicted, and nothing raises."""
+    from modelling.fit import fit_comm, load_comm
+    from modelling.layers import load_layers
+    from pipelines.spec import load_spec
+    from pipelines.stages.model import _predictions
+    from tests.grid_fixtures import GRIDS
+
+    grid = GRIDS / "onehost"
+    spec = load_spec(grid / "spec.yaml")
+    comm = load_comm(grid / "comm.json")
+    comm["measurements"] = [m for m in comm["measurements"] if m["primitive"] not in ("ps", "p2p", "asgd")]
+    rows = _predictions(spec, {"mlp-digits-b32": load_layers(grid / "layers.json")}, fit_comm(comm))
+    assert len(rows) == 4 * 2  # 4 algorithms x (2 workers, the what-if 4)
+    for r in rows:
+        if r["algorithm"] == "ssgd-allreduce":
+            assert r["no_prediction"] is None and r["iter_time_s"] > 0
+        else:
+            assert r["no_prediction"].startswith("comm model: no ps or p2p fits") and r["iter_time_s"] is None

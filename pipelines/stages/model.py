@@ -70,7 +70,7 @@ def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> li
                         **Scenario.settings_in(algo.options),
                     )
                     scenario = scenario.model_copy(update={"node_of_rank": placed.get((n, scenario.servers))})
-                    for p in predict_model(layers, model, scenario):
+                    for p in predict_model(layers, model, scenario, strict=False):
                         rows.append(
                             {
                                 "workload": wl.label,
@@ -83,6 +83,9 @@ def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> li
                                 "compute_s": p.get("compute_s"),
                                 "comm_s": p.get("comm_s"),
                                 "what_if": p["workers"] not in spec.workers or rate != rates[0][1],
+                                # Why the model gave no figures (DESIGN §3), or what it assumed.
+                                "no_prediction": p.get("no_prediction"),
+                                "note": p.get("note"),
                             }
                         )
     return rows
@@ -112,21 +115,22 @@ def predict(ctx: RunContext) -> dict:
         layers_by, model = load_inputs(ctx)
         if not layers_by or model is None:
             return {"predictions": None, "skipped": True}
-        from modelling.fit import CommModelError
-
-        try:
-            rows = _predictions(spec, layers_by, model)
-        except CommModelError as err:
-            # A fit that beats physics is flagged, not used: say so and go on.
-            t.set_tags(node, {"prediction_skipped": str(err)[:250]})
-            return {"predictions": None, "skipped": True, "reason": str(err)}
+        rows = _predictions(spec, layers_by, model)
         path = write_json(ctx.paths.predictions, rows)
         t.log_artifact(node, path)
         t.log_table(node, columns(rows), "predictions_table.json")
+        missing = [r for r in rows if r["no_prediction"]]
+        if missing:  # a configuration the model cannot predict is a row, never a failed run
+            reasons = sorted({f"{r['algorithm']} w{r['workers']}: {r['no_prediction']}" for r in missing})
+            t.set_tags(node, {"ddlbench.no_prediction": " | ".join(reasons)[:5000]})
+        notes = sorted({r["note"] for r in rows if r["note"]})
+        if notes:
+            t.set_tags(node, {"ddlbench.prediction_notes": " | ".join(notes)[:5000]})
         from pipelines.report import plot_predicted_scaling
 
-        t.log_figure(node, plot_predicted_scaling(rows), "predicted_throughput.png")
-        return {"predictions": str(path), "skipped": False, "count": len(rows)}
+        t.log_figure(node, plot_predicted_scaling([r for r in rows if r["iter_time_s"] is not None]),
+                     "predicted_throughput.png")
+        return {"predictions": str(path), "skipped": False, "count": len(rows), "no_prediction": len(missing)}
 
     return run_once(ctx, "predict", body)
 
