@@ -135,6 +135,8 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         if prim == "p2p":
             alpha, beta, sustained = a, b, top
             p2p_beta, p2p_sustained = beta, sustained
+        elif prim == "loopback":  # a pair on one node of a cluster: no link to check against
+            alpha, beta, sustained = a, b, top
         elif prim == "allreduce":
             alpha = a / (2 * (n - 1))
             per_byte = b * n / (n - 1)  # 2 beta + gamma
@@ -172,7 +174,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         if beta <= 0:  # time that does not grow with size: noise swamped the sizes measured
             flags.append(f"beta {beta:.3g} s/B is not positive; measure larger messages. Not used")
             usable = False
-        elif link and prim != "asgd" and sustained < (1.0 - PHYSICS_TOLERANCE) / link:
+        elif link and prim not in ("asgd", "loopback") and sustained < (1.0 - PHYSICS_TOLERANCE) / link:
             flags.append(
                 f"sustained beta {sustained:.3g} s/B (over the largest sizes) is faster than the link's "
                 f"{1.0 / link:.3g} s/B ({link * 8 / 1e9:.3g} Gbit/s); not used"
@@ -346,13 +348,15 @@ class CommCosts:
         return lambda m: float(np.interp(m * servers, sizes, leads))  # a round's size: the whole model
 
     def loopback_latency(self) -> float | None:
-        """Placed, a transfer within a node (a worker and its colocated shard): at most the
-        one-way latency that the ping-pong measured across a link (the p2p fit's alpha), as a
-        loopback copy crosses no link and no slower one. Not the PS round's cost at 0 bytes:
+        """Placed, a transfer within a node (a worker and its colocated shard): the one-way
+        latency of the ping-pong within a node (the loopback fit's alpha), where the
+        microbenchmark timed one; else at most the one-way latency that the ping-pong measured
+        across a link (the p2p fit's alpha), as a loopback copy crosses no link and no slower
+        one. Not the PS round's cost at 0 bytes:
         that round is timed to its remote worker, and at small sizes it holds the host's
         scheduling delays (the microbenchmark's 4 KiB round took 2-4 ms over a 1 Gbit/s
         link whose one-way latency was 0.2 ms). None without a p2p fit."""
-        p = self._nearest("p2p", 2)
+        p = self._nearest("loopback", 2) or self._nearest("p2p", 2)
         return None if p is None else max(float(p["alpha_s"]), 0.0)
 
     def _measured_here(self, primitive: str, workers: int, servers: int, field: str) -> dict[str, Any] | None:

@@ -82,3 +82,25 @@ def ps_link_queue(workers: int, servers: int, node_of_rank: Sequence[int] | None
         w, s = worker_nodes.count(node), shard_nodes.count(node)
         busiest = max(busiest, w * (servers - s), s * (workers - w))
     return busiest
+
+
+def p2p_pairs(workers: int, node_of_rank: Sequence[int] | None) -> dict[str, tuple[int, int]]:
+    """The rank pairs a ping-pong times, one per link class the placement uses (DESIGN §3):
+    'p2p' two ranks on different nodes, where training's ring steps and PS transfers cross a
+    link (two workers if any two are on different nodes, else a worker and a shard); 'loopback'
+    two ranks on one node, where a colocated shard's workers and a node's ring neighbours copy
+    through the kernel. On one node the only class is loopback, and 'p2p' times it (ranks 0, 1).
+    Uneven placements ([2, 1, 1]) put ranks 0 and 1 on one node: a pair by rank number would
+    time loopback in the link's place."""
+    ranks = len(node_of_rank) if node_of_rank is not None else 0
+    if not multi_node(node_of_rank):
+        return {"p2p": (0, 1)}
+    by_role = [range(workers), range(ranks)]  # workers first, then any rank
+    cross = next((0, b) for group in by_role for b in group if node_of_rank[b] != node_of_rank[0])
+    pairs = {"p2p": cross}
+    for group in by_role:
+        same = next(((a, b) for a in group for b in group if a < b and node_of_rank[a] == node_of_rank[b]), None)
+        if same is not None:
+            pairs["loopback"] = same
+            break
+    return pairs

@@ -27,6 +27,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from modelling.fit import COMM_KIND
-from modelling.links import tcp_rmem_max, tcp_wmem_max
+from modelling.links import p2p_pairs, tcp_rmem_max, tcp_wmem_max
 
 _SCRATCH = torch.ones(64, 64)
 
@@ -101,7 +102,7 @@ def clock_offsets(tries: int = 20) -> list[float]:
     return offsets.tolist()
 
 
-def _round_times(stamps: list[tuple[float, float]], ranks: range) -> list[float]:
+def _round_times(stamps: list[tuple[float, float]], ranks: Sequence[int]) -> list[float]:
     """Per repeat, an operation's time from the moment the last of `ranks` started it to the
     moment the last ended it (every rank's stamps on rank 0's clock). A round ends for all
     only when its last rank is done: a worker beside its shard has its pull back before a
@@ -224,6 +225,7 @@ def run(out: Path) -> int:
     rows: list[dict[str, Any]] = []
     placement = out / "placement.json"  # written by modelling.microbench before the launch
     placed = {"node_of_rank": json.loads(placement.read_text())["node_of_rank"]} if placement.exists() else {}
+    pairs = p2p_pairs(n, placed.get("node_of_rank"))
     offset = clock_offsets()[rank]
     hosts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, platform.node())
@@ -239,8 +241,11 @@ def run(out: Path) -> int:
             if one_host:
                 row["host_cpu_s"] = _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
             rows.append(row)
-        stamps = _timed(lambda b=buf: _ping_pong(b, rank), repeats, gap, computes=rank < 2, offset_s=offset)
-        rows.append(_row("p2p", 2, 0, numel * 4, [t / 2 for t in _round_times(stamps, range(2))]))
+        for primitive, (a, b) in pairs.items():  # one ping-pong per link class the placement uses
+            stamps = _timed(lambda b_=buf, a=a, b=b: _ping_pong(b_, rank, a, b), repeats, gap,
+                            computes=rank in (a, b) and rank < n, offset_s=offset)
+            rows.append(_row(primitive, 2, 0, numel * 4, [t / 2 for t in _round_times(stamps, (a, b))])
+                        | {"pair": [a, b]})
         if s:
             # Receive buffers made once, as the trainer's are: a fresh large tensor per round
             # would time the kernel's page faults and zeroing, not the transfer.
@@ -283,14 +288,14 @@ def run(out: Path) -> int:
     return 0
 
 
-def _ping_pong(buf: torch.Tensor, rank: int) -> None:
-    """Rank 0 -> rank 1 and back: twice the one-way time."""
-    if rank == 0:
-        dist.send(buf, 1)
-        dist.recv(buf, 1)
-    elif rank == 1:
-        dist.recv(buf, 0)
-        dist.send(buf, 0)
+def _ping_pong(buf: torch.Tensor, rank: int, a: int = 0, b: int = 1) -> None:
+    """Rank a -> rank b and back: twice the one-way time."""
+    if rank == a:
+        dist.send(buf, b)
+        dist.recv(buf, b)
+    elif rank == b:
+        dist.recv(buf, a)
+        dist.send(buf, a)
 
 
 def _push_pull_buffers(numel: int, rank: int, n: int, s: int) -> list[torch.Tensor]:

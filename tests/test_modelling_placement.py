@@ -514,3 +514,45 @@ def test_an_asgd_worker_that_laps_the_others_is_a_pace_not_an_error(mbit: int) -
     # Worker 0 waits for the shard that worker 1's passes hold, so the mean exceeds compute +
     # the mean of the classes' communication; the slowest class's bounds it.
     assert max(r["compute_s"], r["comm_s"]) <= r["iter_time_s"] <= r["compute_s"] + r["comm_max_s"]
+
+
+@pytest.mark.parametrize(
+    ("workers", "servers", "nodes", "policy", "kw", "link", "loopback"),
+    [
+        (2, 1, 1, "colocated", {}, (0, 1), None),  # one host: loopback is the only class
+        (2, 1, 2, "colocated", {}, (0, 1), (0, 2)),  # [w0 s2 | w1]: the shard beside worker 0
+        (4, 1, 3, "colocated", {}, (0, 2), (0, 1)),  # [2, 1, 1]: ranks 0 and 1 share node 0
+        (4, 0, 2, "colocated", {}, (0, 2), (0, 1)),  # [2, 2] allreduce
+        (2, 1, 3, "dedicated", {}, (0, 1), None),  # one worker per node, the shard alone
+        (1, 1, 2, "dedicated", {}, (0, 1), None),  # one worker: worker and shard cross the link
+        (4, 1, 3, "colocated", {"devices_per_node": 4}, (0, 1), None),  # the whole job on node 0
+        (4, 1, 2, "dedicated", {"devices_per_node": 4}, (0, 4), (0, 1)),  # workers on node 0, the shard on 1
+    ],
+)
+def test_the_microbenchmark_times_a_pair_for_each_link_class_of_the_placement(
+        workers, servers, nodes, policy, kw, link, loopback) -> None:
+    from modelling.links import p2p_pairs
+
+    node_of_rank = place(workers, servers, nodes, policy, **kw).node_of_rank
+    pairs = p2p_pairs(workers, node_of_rank if nodes > 1 else None)
+    assert pairs.get("p2p") == link and pairs.get("loopback") == loopback
+    a, b = pairs["p2p"]
+    assert len(set(node_of_rank)) == 1 or node_of_rank[a] != node_of_rank[b]  # the link pair crosses nodes
+    if loopback:
+        assert node_of_rank[loopback[0]] == node_of_rank[loopback[1]]
+
+
+def test_a_loopback_pair_is_fitted_apart_and_sets_a_local_transfers_latency() -> None:
+    """A comm.json with a ping-pong within a node (primitive 'loopback') beside the link's:
+    the loopback fit is not held to the link's rate, and a colocated shard's own workers pay
+    its latency, not the link pair's."""
+    raw = _ps_comm(_placed(2, 1, 2, "colocated"))
+    for m in SIZES:
+        raw["measurements"].append({"primitive": "loopback", "workers": 2, "servers": 0, "bytes": m,
+                                    "median_s": 5e-6 + m * 0.2e-9, "pair": [0, 2]})
+    model = fit_comm(raw, link_bytes_per_s=LINK)
+    loop = next(f for f in model["fits"] if f["primitive"] == "loopback")
+    assert loop["usable"] and loop["alpha_s"] == pytest.approx(5e-6, rel=1e-3)
+    assert CommCosts(model).loopback_latency() == pytest.approx(5e-6, rel=1e-3)
+    assert CommCosts(fit_comm(_ps_comm(_placed(2, 1, 2, "colocated")), link_bytes_per_s=LINK)
+                     ).loopback_latency() == pytest.approx(ALPHA, rel=1e-3)
