@@ -3,14 +3,13 @@ table and a fitted communication model (DESIGN §3)."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from modelling.costs import CommCosts
 from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
-from modelling.fit import CommCosts, CommModelError
+from modelling.fit import CommModelError
 from modelling.layers import check_layers
 from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
 from modelling.scenario import Scenario
@@ -36,7 +35,6 @@ def no_prediction(s: Scenario, reason: str) -> dict[str, Any]:
 
 
 WORKER_TASKS = ("data", "forward", "backward", "update")  # worker computation, by task kind
-SERVER_PHASE = {"push": "comm_exposed", "pull": "send", "push-apply-pull": "update"}
 
 
 def expected_straggle(samples: list[float], workers: int) -> float:
@@ -351,104 +349,11 @@ def predict(
     return out
 
 
-def predicted_timeline(
-    layers: dict[str, Any], comm_model: dict[str, Any], scenario: Scenario | None = None, **settings: Any
-) -> list[dict[str, Any]]:
-    """The simulated schedule as timeline records (training/timeline.py's format):
-    one record per worker (class) and step, and per server shard and step.
-    Called as `predict` is, with one world size (workers=N among the settings)."""
-    s = _decided(_scenario(scenario, settings), comm_model)
-    check_layers(layers)
-    costs = build_costs(layers, CommCosts(comm_model, s.bandwidth_bytes_per_s), s)
-    plan = build_plan(costs, s)
-    return _records(plan, simulate(plan.dag))
+def __getattr__(name: str) -> Any:
+    """The predicted timeline and its Gantt chart and Chrome trace live in modelling/trace.py;
+    `from modelling.predict import predicted_timeline` still finds them there."""
+    if name in ("predicted_timeline", "write_chrome_trace", "write_gantt"):
+        from modelling import trace
 
-
-def _server_of(task_name: str) -> str:
-    """'push s1' -> 'server1': every PS transfer's name ends with its shard."""
-    return "server" + task_name.rpartition(" s")[2]
-
-
-def _records(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:
-    dag = plan.dag
-    spans: dict[tuple[str, int], dict[str, list[float]]] = {}
-
-    def mark(owner: str, step: int, phase: str, t: int) -> None:
-        span = spans.setdefault((owner, step), {}).setdefault(phase, [sched.start[t], sched.end[t]])
-        span[0], span[1] = min(span[0], sched.start[t]), max(span[1], sched.end[t])
-
-    for t, kind in enumerate(dag.kinds):
-        if kind in WORKER_TASKS:
-            mark(dag.owners[t], dag.steps[t], kind, t)
-        elif kind == "server_update":
-            mark(dag.owners[t], dag.steps[t], "update", t)
-        elif kind == "comm":  # a push, a pull, or ASGD's whole push-apply-pull
-            phase = SERVER_PHASE[dag.names[t].partition(" ")[0]]
-            mark(_server_of(dag.names[t]), dag.steps[t], phase, t)
-    ranks = {o: i for i, o in enumerate(plan.iteration_ends)}
-    records = []
-    for (owner, step), phases in spans.items():
-        if owner in ranks:
-            role, rank = "worker", ranks[owner]
-            # As the trainer records it: waiting from the end of backward to the update.
-            if phases["update"][0] > phases["backward"][1]:
-                phases["comm_exposed"] = [phases["backward"][1], phases["update"][0]]
-        else:
-            role, rank = "server", len(ranks) + int(owner.removeprefix("server"))
-        records.append(
-            {
-                "rank": rank,
-                "role": role,
-                "step": step,
-                "start": min(a for a, _ in phases.values()),
-                "end": max(b for _, b in phases.values()),
-                "phases": phases,
-            }
-        )
-    return sorted(records, key=lambda r: (r["rank"], r["step"]))
-
-
-def write_chrome_trace(records: list[dict[str, Any]], path: Path) -> Path:
-    from training.timeline import to_chrome_trace
-
-    path.write_text(json.dumps(to_chrome_trace(records, label="predicted")))
-    return path
-
-
-_COLOURS = {
-    "data": "#9e9e9e",
-    "forward": "#4c72b0",
-    "backward": "#55a868",
-    "comm_exposed": "#c44e52",
-    "update": "#8172b2",
-    "send": "#dd8452",
-}
-
-
-def write_gantt(records: list[dict[str, Any]], path: Path, title: str = "predicted timeline") -> Path:
-    """A Gantt chart PNG: one row per rank, one bar per phase."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    ranks = sorted({(r["rank"], r["role"]) for r in records})
-    row = {rank: i for i, (rank, _) in enumerate(ranks)}
-    fig, ax = plt.subplots(figsize=(10, 1 + 0.5 * len(ranks)))
-    for rec in records:
-        for phase, (a, b) in rec["phases"].items():
-            if b > a:
-                ax.broken_barh(
-                    [(a * 1e3, (b - a) * 1e3)], (row[rec["rank"]] - 0.4, 0.8), facecolors=_COLOURS.get(phase, "#333333")
-                )
-    ax.set_yticks(range(len(ranks)), [f"{role} {rank}" for rank, role in ranks])
-    ax.set_xlabel("time (ms)")
-    ax.set_title(title)
-    ax.legend(
-        handles=[Patch(color=c, label=p) for p, c in _COLOURS.items()], loc="upper right", fontsize="small", ncol=3
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+        return getattr(trace, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

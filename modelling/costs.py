@@ -1,0 +1,260 @@
+"""What a fitted comm model (model.json, modelling/fit.py) says a transfer costs: per
+primitive and world size, bytes -> seconds, the measurements themselves where they were
+taken for this very world, the fitted constants elsewhere, a what-if or the stated link rate
+for the wire time where given (DESIGN §3). Fitting lives in modelling/fit.py."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from modelling.fit import CommModelError, sustained_slope
+
+
+class CommCosts:
+    """Time of each primitive from a fitted model, with optional bandwidth what-if."""
+
+    def __init__(self, model: dict[str, Any], bandwidth_bytes_per_s: float | None = None) -> None:
+        self.fits = model["fits"]
+        self.bw = bandwidth_bytes_per_s
+        self.link = model.get("link_bytes_per_s")  # the stated link rate the fit was checked against
+        self.environment = model.get("environment") or {}
+        self.notes: list[str] = []  # what the costs handed out so far assumed in place of a fit
+
+    def _nearest(self, prim: str, workers: int, servers: int = 0) -> dict[str, Any] | None:
+        cands = [f for f in self.fits if f["primitive"] == prim]
+        if not cands:
+            return None
+
+        def dist(f: dict[str, Any]) -> tuple[float, float]:
+            return (abs(math.log(f["workers"] / workers)), abs(f.get("servers", 0) - servers))
+
+        return min(cands, key=dist)
+
+    def _usable(self, f: dict[str, Any]) -> dict[str, Any]:
+        """The fit itself, unless it is flagged and no bandwidth replaces its beta (`_rate`)."""
+        if not f.get("usable", True) and self._rate(f) is None:
+            raise CommModelError(
+                f"comm model: the {f['primitive']} fit for {f['workers']} workers is flagged "
+                f"({'; '.join(f['flags'])}); give a bandwidth to predict with"
+            )
+        return f
+
+    def _rate(self, f: dict[str, Any]) -> float | None:
+        """The bytes/s that sets a transfer's wire time in place of the fit's beta: a what-if
+        bandwidth; else, for a flagged fit, the stated link rate (a fit faster than its link
+        measured another path, e.g. loopback, and says nothing about the link), with a note;
+        None: the fit's own beta."""
+        if self.bw is not None:
+            return self.bw
+        if f.get("usable", True) or not self.link:
+            return None
+        note = (f"the {f['primitive']} fit for {f['workers']} workers is flagged ({'; '.join(f['flags'])}); "
+                f"wire time at the stated link rate ({self.link * 8 / 1e9:.3g} Gbit/s)")
+        if note not in self.notes:
+            self.notes.append(note)
+        return self.link
+
+    def allreduce(self, workers: int):
+        """bytes -> seconds of a ring allreduce over `workers` ranks."""
+        if workers <= 1:
+            return lambda _m: 0.0
+        f = self._nearest("allreduce", workers)
+        if f is None:
+            p = self._nearest("p2p", 2)
+            if p is None:
+                raise CommModelError("comm model: no allreduce or p2p fits; run `ddlbench microbench`")
+            self._usable(p)
+            alpha, beta, gamma = p["alpha_s"], p["beta_s_per_byte"], 0.0
+        elif f["workers"] == workers and self.bw is None and (_noisy_only(f) or self._rate(f) is None):
+            # The measurements themselves: usable where only noise spoiled the fitted line.
+            return _measured(f if _noisy_only(f) else self._usable(f))
+        else:
+            self._usable(f)
+            alpha, beta, gamma = f["alpha_s"], f["beta_s_per_byte"], max(f["gamma_s_per_byte"] or 0.0, 0.0)
+        rate = self._rate(f if f is not None else p)
+        if rate is not None:
+            beta = 1.0 / rate
+        n = workers
+        return lambda m: 2 * (n - 1) * alpha + (n - 1) / n * m * (2 * beta + gamma)
+
+    def post(self, workers: int, servers: int):
+        """bytes of the model -> seconds a worker takes to post a round's sends and receives to
+        every shard (measured, interpolated over sizes); 0 where the microbenchmark did not
+        time it (older comm.json files)."""
+        f = self._nearest("ps", workers, servers)
+        if f is None or not f.get("post_s"):
+            return lambda _m: 0.0
+        sizes, posts = np.asarray(f["sizes"], dtype=float), np.asarray(f["post_s"], dtype=float)
+        # Outside the sizes measured, the nearest end's: posting does not grow with the size
+        # the way a transfer does (gloo writes what the socket takes and queues the rest).
+        return lambda m: max(_local_linear(sizes, posts, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
+
+    def pull_lead(self, workers: int, servers: int) -> Callable[[float], float] | None:
+        """bytes of a shard -> how much sooner the shard's first remote worker has its pull back
+        than its last (microbench_rank._pull_lead), as measured for this very world: its links'
+        queues at their rate. Each size's at least 0 (the order flips now and then: a negative
+        median is no lead), interpolated linearly between sizes, the nearest end's outside
+        them; not `_local_linear`, whose weights (1/t) do not hold for values at or near 0.
+        None for another world, a what-if bandwidth or an older file."""
+        f = self._measured_here("ps", workers, servers, "pull_lead_s")
+        if f is None:
+            return None
+        sizes = np.asarray(f["sizes"], dtype=float)
+        leads = np.maximum(np.asarray(f["pull_lead_s"], dtype=float), 0.0)
+        return lambda m: float(np.interp(m * servers, sizes, leads))  # a round's size: the whole model
+
+    def loopback_latency(self) -> float | None:
+        """Placed, a transfer within a node (a worker and its colocated shard): the one-way
+        latency of the ping-pong within a node (the loopback fit's alpha), where the
+        microbenchmark timed one; else at most the one-way latency that the ping-pong measured
+        across a link (the p2p fit's alpha), as a loopback copy crosses no link and no slower
+        one. Not the PS round's cost at 0 bytes:
+        that round is timed to its remote worker, and at small sizes it holds the host's
+        scheduling delays (the microbenchmark's 4 KiB round took 2-4 ms over a 1 Gbit/s
+        link whose one-way latency was 0.2 ms). None without a p2p fit."""
+        p = self._nearest("loopback", 2) or self._nearest("p2p", 2)
+        return None if p is None else max(float(p["alpha_s"]), 0.0)
+
+    def _measured_here(self, primitive: str, workers: int, servers: int, field: str) -> dict[str, Any] | None:
+        """The fit of exactly this world that recorded `field`, unless a what-if bandwidth puts
+        other links (other hosts) in its place: what is only used as measured."""
+        f = self._nearest(primitive, workers, servers)
+        if f is None or self.bw is not None or (f["workers"], f.get("servers", 0)) != (workers, servers):
+            return None
+        return f if f.get(field) else None
+
+    def host_cpu(self, primitive: str, workers: int, servers: int = 0):
+        """bytes -> the host's CPU-seconds of one allreduce (or ps round) of this world, where
+        the microbenchmark measured it with every rank on one host: loopback, or the nodes
+        of an emulated cluster. None elsewhere, for a world it did not measure, and for a
+        bandwidth what-if (other links, other hosts). One line a + b M over the sizes, least
+        squares in absolute terms (the kernel's ticks add the same error to every size, up
+        to 20 ms over a loop of at least 0.5 s on 2 cores): a the round's fixed cost (threads
+        woken, gloo's bookkeeping, the kernel's per-message work), b its cost per byte; both
+        at least 0."""
+        f = self._measured_here(primitive, workers, servers, "host_cpu_s")
+        if f is None or self.environment.get("hosts") != 1:
+            return None
+        a, b = _nonnegative_line(np.asarray(f["sizes"], dtype=float), np.asarray(f["host_cpu_s"], dtype=float))
+        return lambda m: a + b * m
+
+    def asgd_pass(self, workers: int, servers: int) -> list[Callable[[float], float]] | None:
+        """Per worker, bytes of the model -> seconds of one ASGD pass (its push to every shard
+        and their replies, the shards' apply not included), as the microbenchmark timed it
+        for this very world; None for another world, a what-if bandwidth or an older file."""
+        f = self._measured_here("asgd", workers, servers, "worker_mean_s")
+        if f is None:
+            return None
+        return [
+            _measured({**f, "measured_s": series, "sustained_slope_s_per_byte": sustained_slope(f["sizes"], series)})
+            for series in f["worker_mean_s"]
+        ]
+
+    def asgd_reply_tail(self, workers: int, servers: int) -> list[Callable[[float], float]] | None:
+        """Per worker, bytes of the model -> seconds that the link still carried a shard's reply
+        after the shard had returned from sending it, as the microbenchmark timed it in ASGD's
+        pattern for this very world; None for another world, a what-if bandwidth or an older
+        file. Interpolated over the sizes; outside them, the nearest end's: past the largest,
+        the bytes still in flight when a send returns (the socket's buffer, the qdisc's queue,
+        TCP's window) no longer grow with the message (and a reply smaller than the smallest
+        is buffered whole, which Fabric.reply_on_link caps at its transfer)."""
+        f = self._measured_here("asgd", workers, servers, "reply_tail_s")
+        if f is None:
+            return None
+        sizes = np.asarray(f["sizes"], dtype=float)
+
+        def tail(series: list[float]) -> Callable[[float], float]:
+            ts = np.asarray(series, dtype=float)
+            return lambda m: max(_local_linear(sizes, ts, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
+
+        return [tail(series) for series in f["reply_tail_s"]]
+
+    def transfer(self, workers: int, servers: int):
+        """bytes -> seconds of one push or pull between a worker and a shard."""
+        f = self._nearest("ps", workers, servers) or self._nearest("p2p", 2)
+        if f is None:
+            raise CommModelError("comm model: no ps or p2p fits; run `ddlbench microbench --servers 1`")
+        if (
+            (f["primitive"], f["workers"], f.get("servers", 0)) == ("ps", workers, servers)
+            and self.bw is None
+            and _noisy_only(f)
+        ):
+            # A measured round is 2L transfers of M/S bytes queued on the busiest link; over
+            # node links their latencies overlap (the round's intercept, two of them) and
+            # only what the bytes add queues.
+            round_s, queue = _measured(f), f.get("link_queue") or workers
+            if f.get("latency_overlaps"):
+                latency = max(f["intercept_s"], 0.0)
+                return lambda m: latency / 2 + max(round_s(m * servers) - latency, 0.0) / (2 * queue)
+            return lambda m: round_s(m * servers) / (2 * queue)
+        self._usable(f)
+        alpha, rate = f["alpha_s"], self._rate(f)
+        beta = 1.0 / rate if rate is not None else f["beta_s_per_byte"]
+        return lambda m: alpha + m * beta
+
+    def note(self, mark: int = 0) -> str:
+        """What the costs handed out since `mark` (a length of `notes`) assumed in place of a fit."""
+        return "; ".join(self.notes[mark:])
+
+
+def _nonnegative_line(m: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """Unweighted least squares t = a + b m with a, b >= 0 (a clipped one is refitted without it)."""
+    if len(m) < 2 or np.ptp(m) == 0:
+        return max(float(np.mean(t)), 0.0), 0.0
+    b, a = np.polyfit(m, t, 1)
+    if b < 0:
+        return max(float(np.mean(t)), 0.0), 0.0
+    if a < 0:
+        return 0.0, max(float(np.dot(m, t) / np.dot(m, m)), 0.0)
+    return float(a), float(b)
+
+
+def _noisy_only(f: dict[str, Any]) -> bool:
+    """Measurements to interpolate, and no flag beyond a line that noise made flat
+    (a fit faster than the link says the measurements themselves are suspect)."""
+    return "measured_s" in f and (f.get("usable", True) or f["beta_s_per_byte"] <= 0)
+
+
+def _measured(f: dict[str, Any]):
+    """bytes -> seconds: the measurements, locally smoothed; past the largest, the slope of
+    the largest sizes (the sustained rate; older fits: the fitted slope), or for a flagged
+    fit the slope from the smallest to the largest size."""
+    a, b = f["intercept_s"], f["slope_s_per_byte"]
+    if "measured_s" not in f:
+        return lambda m: a + b * m
+    sizes, times = np.asarray(f["sizes"], dtype=float), np.asarray(f["measured_s"], dtype=float)
+    order = np.argsort(sizes)
+    sizes, times = sizes[order], times[order]
+    b = f.get("sustained_slope_s_per_byte") or b
+    if not f.get("usable", True) or b <= 0:
+        b = float((times[-1] - times[0]) / (sizes[-1] - sizes[0])) if len(sizes) > 1 else 0.0
+
+    def cost(m: float) -> float:
+        if m > sizes[-1]:
+            if b <= 0:
+                raise CommModelError(
+                    f"comm model: {m:.0f} B is past the largest {f['primitive']} size measured for "
+                    f"{f['workers']} workers ({sizes[-1]:.0f} B) and its fit is flagged "
+                    f"({'; '.join(f['flags'])}); measure larger messages or give a bandwidth"
+                )
+            return float(times[-1] + (m - sizes[-1]) * b)
+        return _local_linear(sizes, times, m)
+
+    return cost
+
+
+def _local_linear(sizes: np.ndarray, times: np.ndarray, m: float, octaves: float = 1.0) -> float:
+    """The time at m from a line fitted to the measurements near m: each size weighted by a
+    Gaussian of its distance from m in octaves (and by 1/t, as in the global fit). It
+    follows a transport's bends in M that one line misses, while neighbouring sizes
+    average out the noise that a plain interpolation between two medians keeps."""
+    if len(sizes) == 1:
+        return float(times[0])
+    dist = (np.log2(sizes) - np.log2(max(m, 1.0))) / octaves
+    w = np.exp(-0.25 * dist**2) / np.maximum(times, 1e-12)  # sqrt of the Gaussian weight
+    coef, *_ = np.linalg.lstsq(np.stack([np.ones_like(sizes), sizes], axis=1) * w[:, None], times * w, rcond=None)
+    return float(max(coef[0] + coef[1] * m, 0.0))

@@ -1,0 +1,203 @@
+"""The parameter-server algorithms' DAGs (DESIGN §3): worker classes pushing to and pulling
+from S shards, iteration by iteration, one builder per algorithm of training/algorithms.py.
+
+Each says only what happens between backward and the next forward: how gradients reach the
+shards (`exchange`) and what the worker's update waits for (`update`). What a transfer costs
+and holds is the fabric's (modelling/fabric.py); a builder never looks at the placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from modelling.dag import Costs, Plan, add_transfer, comm_task
+from modelling.fabric import Fabric, Resource, compute
+from modelling.simulate import Dag
+from training.config import Algorithm
+
+
+class _PSBuilder:
+    """The iteration loop every PS algorithm shares: load, forward, backward and pack, the
+    exchange with the shards, the update."""
+
+    concurrent = True  # the round posts every transfer at once (Fabric's worker classes)
+
+    def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
+        self.c, self.servers, self.dag = c, servers, Dag()
+        self.fab = Fabric(c, workers, servers, concurrent=self.concurrent, max_classes=max_classes)
+        self.mult, self.shard_bytes = self.fab.mult, self.fab.shard_bytes
+        self.owners = [f"worker{k}" for k in range(len(self.mult))]
+        self.prev_update: list[int | None] = [None] * len(self.mult)
+        self.prev_push: list[list[int | None]] = [[None] * servers for _ in self.mult]
+        self.active = list(range(len(self.mult)))
+
+    def build(self, iterations: int, counts: Sequence[int] | None = None) -> Plan:
+        """`iterations` of every class, or `counts[k]` of class k (ASGD's classes keep their
+        own paces: one that laps the others is unrolled further, so they all run over one window)."""
+        counts = list(counts) if counts is not None else [iterations] * len(self.mult)
+        ends: dict[str, list[int]] = {w: [] for w in self.owners}
+        for t in range(max(counts)):
+            self.active = [k for k in range(len(self.mult)) if t < counts[k]]
+            packs = {k: self._compute(t, k) for k in self.active}
+            pulls = self.exchange(t, packs)
+            for k in self.active:
+                self.prev_update[k] = self.update(t, k, packs[k], pulls[k])
+                ends[self.owners[k]].append(self.prev_update[k])
+        return Plan(self.dag, ends, dict(zip(self.owners, self.mult, strict=True)))
+
+    def _compute(self, t: int, k: int) -> int:
+        """Load, forward, backward and pack: the task that has the gradients ready to send."""
+        c, dag, w, cpu = self.c, self.dag, self.owners[k], (compute("worker", k),)
+        data = dag.add("data", c.data_s, (Resource("worker", k, "loader"),), (self.prev_update[k],),
+                       kind="data", owner=w, step=t)
+        fwd = dag.add("forward", sum(c.fwd), cpu, (data,), kind="forward", owner=w, step=t)
+        bwd = dag.add("backward", sum(c.bwd), cpu, (fwd,), kind="backward", owner=w, step=t)
+        if c.straggle_s:  # the shard's barrier waits for the slowest worker's push
+            bwd = dag.add("straggler", c.straggle_s, (), (bwd,), kind="straggle", owner=w, step=t)
+        # OD-SGD reuses the push buffer, so its previous push must have left.
+        return dag.add("pack", c.pack_s, cpu, (bwd, *self.prev_push[k]), kind="backward", owner=w, step=t)
+
+    def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
+        """Per worker class, the tasks that bring back its share of the global model."""
+        raise NotImplementedError
+
+    def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
+        """The worker's update: copy the pulled model in (unpack); it waits for this step's pulls."""
+        return self.dag.add("update", self.c.unpack_s, (compute("worker", k),), (pack, *pulls),
+                            kind="update", owner=self.owners[k], step=t)
+
+
+class _SyncServer(_PSBuilder):
+    """The SSGD-PS server loop of each shard: receive all N pushes, update, send N pulls."""
+
+    def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
+        super().__init__(c, workers, servers, max_classes)
+        self.shard_free: list[int | None] = [None] * servers  # the shard's loop is back at receive
+        self.pulled: list[list[int | None]] = [[None] * servers for _ in self.mult]  # class k's last pull from s
+
+    def _transfer(self, name: str, t: int, k: int, s: int, deps, push: bool) -> int:
+        return add_transfer(self.dag, name, self.fab.ps(k, s, push), deps, kind="comm", owner=self.owners[k], step=t)
+
+    def _shared(self, t: int, s: int, shard_pulls: list[int]) -> list[int]:
+        """The pulls that share the shard's link are sent at once. Shared fairly, each ends when
+        the last does (a join), not one after another as the link's queue orders them; where
+        the first is back `lead` sooner than the last (Fabric.pull_lead), the j-th of r ends
+        lead (r-1-j)/(r-1) before the last, and no sooner than in queue order."""
+        remote = self.fab.sharing(s)
+        if len(remote) < 2:
+            return shard_pulls
+        lead = self.fab.pull_lead(s)
+        if lead <= 0.0:
+            joined = self.dag.add(f"pulled s{s}", 0.0, (), [shard_pulls[k] for k in remote], kind="pulled",
+                                  owner=f"server{s}", step=t)
+            return [joined if k in remote else pull for k, pull in enumerate(shard_pulls)]
+        ends = [0.0]  # in queue order
+        for k in remote:
+            ends.append(ends[-1] + self.fab.ps(k, s, False).wire_s)
+        out = list(shard_pulls)
+        last, r = ends[-1], len(remote)
+        for j, k in enumerate(remote[:-1]):
+            wait = max(last - lead * (r - 1 - j) / (r - 1) - ends[j + 1], 0.0)
+            out[k] = self.dag.add(f"pulled s{s}", wait, (), (shard_pulls[k],), kind="pulled",
+                                  owner=f"server{s}", step=t)
+        return out
+
+    def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
+        pulls: list[list[int]] = [[] for _ in self.mult]
+        for s in range(self.servers):
+            pushes = []
+            for k in range(len(self.mult)):
+                self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], self._free(k, s)), True)
+                pushes.append(self.prev_push[k][s])
+            update = self.dag.add("server update", self.c.server_update_s / self.servers, (compute("server", s),),
+                                  pushes, kind="server_update", owner=f"server{s}", step=t)
+            shard_pulls = [self._transfer(f"pull s{s}", t, k, s, (update,), False) for k in range(len(self.mult))]
+            for k, pull in enumerate(self._shared(t, s, shard_pulls)):
+                pulls[k].append(pull)
+                self.pulled[k][s] = pull
+            self.shard_free[s] = self.dag.add("server ready", 0.0, (), shard_pulls, kind="server_ready",
+                                              owner=f"server{s}", step=t)
+        return pulls
+
+    def _free(self, k: int, s: int) -> int | None:
+        """What class k's next push to shard s waits for: its own pull from s, or the shard's
+        loop's turn (Fabric.push_waits_for_own_pull)."""
+        return self.pulled[k][s] if self.fab.push_waits_for_own_pull(s) else self.shard_free[s]
+
+
+class PSSSGDPlan(_SyncServer):
+    """SSGD over a parameter server: every worker waits for W_g(t+1)."""
+
+
+class ODSGDPlan(_SyncServer):
+    """OD-SGD: the local update uses W_g(t), pulled during t-1; this step's pull runs on."""
+
+    def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
+        super().__init__(c, workers, servers, max_classes)
+        self.prev_pulls: list[list[int]] = [[] for _ in self.mult]  # the pulls of W_g(t)
+
+    def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
+        c, cpu, w = self.c, (compute("worker", k),), self.owners[k]
+        if c.post_s:  # posting this step's push and pull, before the wait for W_g(t)
+            pack = self.dag.add("post", c.post_s, cpu, (pack,), kind="update", owner=w, step=t)
+        deps, self.prev_pulls[k] = (pack, *self.prev_pulls[k]), pulls
+        return self.dag.add("update", c.unpack_s + c.update_s, cpu, deps, kind="update", owner=w, step=t)
+
+
+class ASGDPlan(_PSBuilder):
+    """ASGD: each shard serves one push at a time, its update and reply included; no barrier.
+
+    Where the reply crosses a link, the shard goes back to receiving once its socket send has
+    returned, while the link carries the rest (Fabric.reply_on_link). Elsewhere the shard's
+    loop holds the whole pass. Beside a colocated shard the workers then keep two paces: the
+    shard's own node's worker is served whenever the loop is free of a remote worker's push
+    and reply, so it steps several times per step of the remote one. A push within the node
+    that waits for the loop lies in the sockets' buffers meanwhile (Fabric.push_in_buffers),
+    so the loop passes that part sooner once it takes it (the DAG's absorbed wait)."""
+
+    concurrent = False  # the shard's serial loop, not the link, orders the workers
+
+    def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
+        c, fab, pulls = self.c, self.fab, [[] for _ in self.mult]
+        for k in self.active:
+            w, m = self.owners[k], self.mult[k]
+            for s in range(self.servers):
+                one, apply = fab.asgd_one(k, s), c.server_apply_s / self.servers
+                on_link = fab.reply_on_link(k, s)
+                if on_link is not None:
+                    pulls[k].append(self._served(t, k, s, packs[k], one, apply, on_link))
+                    continue
+                # One pass of the shard's serial loop: receive, apply, reply.
+                copies = fab.copy_s(self.shard_bytes[s], 2 * m)
+                cpu_s = None if copies is None else copies + m * apply
+                links = tuple(dict.fromkeys(fab.links(k, s, True) + fab.links(k, s, False)))
+                pulls[k].append(comm_task(self.dag, f"push-apply-pull s{s}", m * (2 * one + apply), cpu_s,
+                                          (*links, compute("server", s)), fab.cpus(k), (packs[k],),
+                                          kind="comm", owner=w, step=t,
+                                          absorbs=m * fab.push_in_buffers(k, s) * one))
+        return pulls
+
+    def _served(self, t: int, k: int, s: int, pack: int, one: float, apply: float, on_link: float) -> int:
+        """One pass of the shard's loop for the class's pushes (receive, apply, and reply until
+        the socket has taken all but the last reply's part `on_link`) holds the shard; then
+        that part crosses the pull's links while the shard serves on. The pass holds the push's
+        links, not the pull's: a link the next pass held from its start would keep this reply's
+        last part waiting behind a whole push, where the shard's loop, which sends only after
+        it has received, is what orders the replies."""
+        w, m = self.owners[k], self.mult[k]
+        serve = m * (one + apply) + (m - on_link) * one
+        loop = self.dag.add(f"push-apply-pull s{s}", serve, (*self.fab.links(k, s, True), compute("server", s)),
+                            (pack,), kind="comm", owner=w, step=t)
+        return self.dag.add(f"pull s{s}", on_link * one, self.fab.links(k, s, False), (loop,),
+                            kind="comm", owner=w, step=t)
+
+
+PS_PLANS: dict[Algorithm, type[_PSBuilder]] = {
+    Algorithm.ssgd: PSSSGDPlan, Algorithm.asgd: ASGDPlan, Algorithm.odsgd: ODSGDPlan,
+}
+
+
+def build_ps(c: Costs, algorithm: Algorithm | str, workers: int, servers: int, iterations: int,
+             max_classes: int = 8, counts: Sequence[int] | None = None) -> Plan:
+    """SSGD-PS, ASGD or OD-SGD: worker classes pushing to and pulling from S shards."""
+    return PS_PLANS[Algorithm(algorithm)](c, workers, servers, max_classes).build(iterations, counts)

@@ -1,0 +1,255 @@
+"""Where an iteration's transfers run and what each costs: the one place of the model that
+knows the placement (DESIGN §3, §5).
+
+Given a world's costs (modelling/dag.py's `Costs`: the fitted comm model's look-ups) and the
+node of every rank, the fabric answers for every transfer of an iteration (a worker class's
+push to a shard, a shard's pull back to it, a ring step of an allreduce) its latency, its
+wire time, the CPU time of its copies and the resources it holds. Its link classes are what
+the placement has:
+
+- host: every rank on one host (no placement). A rank's transfers queue on its own link, and
+  a transfer's copying is CPU work of the ranks at its two ends (loopback sockets are memory
+  copies by the kernel on the caller's core).
+- loopback: two ranks on one node of a cluster (a colocated shard and its node's workers).
+  No link is crossed; a transfer costs the latency of a ping-pong within the node.
+- link: two ranks on different nodes, over full-duplex node links: a push holds the sender
+  node's uplink and the shard node's downlink, a pull the reverse.
+- a what-if link of a stated rate is a link whose byte time is that rate's (CommCosts).
+
+The DAG builders (modelling/dag.py, dag_ps.py) ask it and never look at the placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from modelling.links import multi_node
+
+if TYPE_CHECKING:
+    from modelling.dag import Costs
+
+
+@dataclass(frozen=True)
+class Resource:
+    """What a task holds while it runs: a part of one rank (worker 0's compute, shard 1's
+    link) or the shared network of a ring."""
+
+    role: str  # "worker", "server", "node" or "network"
+    index: int | None = None
+    part: str = ""  # "compute", "link" or "loader"; a node's "up" or "down" link
+
+    @property
+    def owner(self) -> str:
+        """The rank it belongs to, as the DAG's owners name them: worker0, server1."""
+        return self.role if self.index is None else f"{self.role}{self.index}"
+
+    @property
+    def group(self) -> str:
+        """The same part of every rank of its role (utilisation is per group): server.link."""
+        return self.role + ("." + self.part if self.part else "")
+
+    def __str__(self) -> str:
+        return self.owner + ("." + self.part if self.part else "")
+
+
+NETWORK = Resource("network")
+
+
+def compute(role: str, index: int) -> Resource:
+    return Resource(role, index, "compute")
+
+
+def link(role: str, index: int) -> Resource:
+    return Resource(role, index, "link")
+
+
+def uplink(node: int) -> Resource:
+    return Resource("node", node, "up")
+
+
+def downlink(node: int) -> Resource:
+    return Resource("node", node, "down")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A transfer (or a worker class's transfers sent at once): first `latency_s` of waiting
+    that holds nothing, then `wire_s` that holds `links`; `cpu_s` of the wire time (None:
+    all of it) also holds `cpus`, the CPUs that copy the bytes (one host's loopback)."""
+
+    latency_s: float
+    wire_s: float
+    links: tuple[Resource, ...] = ()
+    cpus: tuple[Resource, ...] = ()
+    cpu_s: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.latency_s + self.wire_s
+
+
+def _split(workers: int, classes: int) -> list[int]:
+    base, extra = divmod(workers, classes)
+    return [base + (1 if k < extra else 0) for k in range(classes)]
+
+
+class Fabric:
+    """The transfers of one world (`c`'s costs, `c.node_of_rank`'s placement) between worker
+    classes and shards. Worker classes stand for `mult[k]` identical workers; placed, they are
+    formed within each node (a node's workers share its links). `concurrent`: a round posts
+    every transfer at once, so a node's workers share its link fairly and finish together:
+    one class per node (a link serving them one after the other would let the first served
+    compute while the last still waits, a pipelining a fairly shared link does not give)."""
+
+    def __init__(self, c: Costs, workers: int, servers: int, *, concurrent: bool = True,
+                 max_classes: int = 8) -> None:
+        self.c, self.servers = c, servers
+        self.placed = multi_node(c.node_of_rank)
+        self.mult: list[int] = []
+        self.first_worker: list[int] = []  # a worker rank each class stands for
+        self.class_node: list[int | None] = []
+        self.shard_node: list[int | None] = [None] * servers
+        if self.placed:
+            worker_nodes = list(c.node_of_rank[:workers])
+            for node in sorted(set(worker_nodes)):
+                count = worker_nodes.count(node)
+                classes = 1 if concurrent else min(count, max(1, round(max_classes * count / workers)))
+                for m in _split(count, classes):
+                    self.class_node.append(node)
+                    self.mult.append(m)
+                    self.first_worker.append(worker_nodes.index(node))
+            self.shard_node = list(c.node_of_rank[workers:])
+        else:
+            self.mult = _split(workers, min(workers, max_classes))
+            self.first_worker = [sum(self.mult[:k]) for k in range(len(self.mult))]
+            self.class_node = [None] * len(self.mult)
+        model = c.model_bytes
+        self.shard_bytes = [model // servers + (1 if s < model % servers else 0) for s in range(servers)]
+
+    # Link classes and the resources they hold.
+
+    def link_class(self, k: int, s: int) -> str:
+        """'host', 'loopback' or 'link' (the module's docstring) between class k and shard s."""
+        if not self.placed:
+            return "host"
+        return "loopback" if self.class_node[k] == self.shard_node[s] else "link"
+
+    def links(self, k: int, s: int, push: bool) -> tuple[Resource, ...]:
+        """What a push (or pull) between class k and shard s holds: the two ranks' links on one
+        host; the node links it crosses; nothing within a node."""
+        kind = self.link_class(k, s)
+        if kind == "host":
+            return (link("worker", k), link("server", s))
+        if kind == "loopback":
+            return ()
+        src, dst = (self.class_node[k], self.shard_node[s]) if push else (self.shard_node[s], self.class_node[k])
+        return (uplink(src), downlink(dst))
+
+    def cpus(self, k: int, s: int | None = None) -> tuple[Resource, ...]:
+        """The CPUs a loopback transfer on one host copies on: the worker's, and the shard's."""
+        if not self.c.comm_on_cpu or self.placed:
+            return ()
+        return (compute("worker", k),) if s is None else (compute("worker", k), compute("server", s))
+
+    def copy_s(self, nbytes: int, times: float) -> float | None:
+        """The copying part of `times` transfers of nbytes (None: all of each is copying)."""
+        return None if self.c.transfer_cpu_s is None else times * self.c.transfer_cpu_s(nbytes)
+
+    # One transfer's time.
+
+    def one(self, k: int, s: int, nbytes: int) -> float:
+        """One transfer of nbytes between class k and shard s. Within a node it crosses no link:
+        its latency alone (the ping-pong within the node where measured; else the link's, as a
+        loopback copy is no slower), whatever the bytes."""
+        if self.link_class(k, s) == "loopback":
+            local = self.c.local_transfer_s
+            return self.c.transfer_s(0) if local is None else local
+        return self.c.transfer_s(nbytes)
+
+    def ps(self, k: int, s: int, push: bool) -> Transfer:
+        """Class k's transfers of shard s's bytes (a push, or a pull back). Over a node link,
+        transfers sent at once wait out their latencies together and queue only for their
+        bytes: the latency (one transfer's at 0 bytes) holds no link and is paid once per
+        class. On one host every transfer queues on the shard's link, latency and all (a
+        loopback transfer's latency is the CPUs' copies and wake-ups, which queue too)."""
+        nbytes, m = self.shard_bytes[s], self.mult[k]
+        one = self.one(k, s, nbytes)
+        links = self.links(k, s, push)
+        if self.link_class(k, s) == "link":
+            latency = min(self.one(k, s, 0), one)
+            return Transfer(latency, m * (one - latency), links)
+        if not links:  # within a node: latency only
+            return Transfer(m * one, 0.0)
+        return Transfer(0.0, m * one, links, self.cpus(k, s), self.copy_s(nbytes, m))
+
+    def allreduce(self, nbytes: int, cpu: Resource) -> Transfer:
+        """One allreduce of nbytes on the ring (the shared network); on loopback its copying
+        part also holds the worker's CPU."""
+        c = self.c
+        cpus = (cpu,) if c.comm_on_cpu else ()
+        cpu_s = None if c.allreduce_cpu_s is None else c.allreduce_cpu_s(nbytes)
+        return Transfer(0.0, c.allreduce_s(nbytes), (NETWORK,), cpus, cpu_s)
+
+    # A synchronous shard's round: its pulls, sent at once.
+
+    def sharing(self, s: int) -> list[int]:
+        """The classes whose pulls from shard s share one link: every class on one host (the
+        shard's link); over nodes, the classes off the shard's node (its uplink)."""
+        return [k for k in range(len(self.mult)) if self.link_class(k, s) != "loopback"]
+
+    def pull_lead(self, s: int) -> float:
+        """How much sooner shard s's first remote class has its pull back than its last. A node's
+        uplink is a FIFO queue (the qdisc), not a fair share: the first pull posted leaves
+        first. 0 where not measured (or on one host): the pulls share the link and all end
+        when the last does."""
+        lead = self.c.pull_lead_s
+        return lead(self.shard_bytes[s]) if self.placed and lead else 0.0
+
+    def push_waits_for_own_pull(self, s: int) -> bool:
+        """Whether a worker's next push to shard s waits only for its own pull, not the shard's
+        last. gloo sends a message only once its receiver has posted the receive, and says so
+        on the pair's one connection, behind the bytes it sends the other way. A shard whose
+        sends all fit a socket's send buffer (the kernel takes them and the send returns)
+        posts its next receives at once; a larger one posts them only once its sends are
+        written, near its last pull's end. Where the pulls' lead is not measured the pulls end
+        together, and the two are one."""
+        c = self.c
+        return bool(self.placed and c.pull_lead_s and self.shard_bytes[s] <= c.send_buffer_bytes)
+
+    # ASGD: a shard's serial loop of receive, apply, reply.
+
+    def asgd_one(self, k: int, s: int) -> float:
+        """One way of class k's ASGD pass with shard s: half the pass the microbenchmark timed
+        in ASGD's own pattern (a push to every shard and the replies, of the whole model's
+        bytes), where it did; else one transfer."""
+        passes = self.c.asgd_pass_s
+        if passes is None:
+            return self.one(k, s, self.shard_bytes[s])
+        return passes[self.first_worker[k]](self.shard_bytes[s] * self.servers) / 2
+
+    def reply_on_link(self, k: int, s: int) -> float | None:
+        """The fraction of shard s's reply to class k that a link still carries once the shard
+        has returned from sending it: a socket send returns once the kernel has taken the
+        bytes (up to half of tcp_wmem's ceiling; the qdisc's queue and TCP's window hold more),
+        so the shard goes back to receiving while the link drains them. As the microbenchmark
+        timed it where it did, else the send buffer's part. None where the reply crosses no
+        link (one host, within a node): there the copy is the transfer, and the loop holds it."""
+        if self.link_class(k, s) != "link":
+            return None
+        c, nbytes, one = self.c, self.shard_bytes[s], self.asgd_one(k, s)
+        if c.asgd_reply_tail_s is not None:
+            tail = c.asgd_reply_tail_s[self.first_worker[k]](nbytes * self.servers)
+            return min(tail / one, 1.0) if one > 0 else 1.0
+        return min(c.send_buffer_bytes / nbytes, 1.0) if nbytes else 1.0
+
+    def push_in_buffers(self, k: int, s: int) -> float:
+        """The fraction of a push within a node that lies in the two ends' socket buffers while
+        it waits for the shard's loop (the sender's send buffer and the receiver's receive
+        buffer fill before the send blocks), and so passes that much sooner once taken. 0 on
+        one host, where the transfer's copies are CPU work that waits with it."""
+        nbytes = self.shard_bytes[s]
+        if self.link_class(k, s) != "loopback" or not nbytes:
+            return 0.0
+        return min(self.c.socket_buffer_bytes / nbytes, 1.0)
+
