@@ -126,6 +126,8 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
     p2p_beta = p2p_sustained = None
     fits = []
     for prim, n, s in sorted(groups, key=lambda k: (k[0] != "p2p", k)):
+        if prim == "allreduce" and n < 2:  # one rank reduces nothing: no cost to fit
+            continue
         sizes, times = groups[(prim, n, s)]
         line = fit_line(sizes, times)
         a, b = line["intercept_s"], line["slope_s_per_byte"]

@@ -140,16 +140,19 @@ def _steady_state(c: Costs, s: Scenario) -> tuple[Plan, Schedule, dict[str, floa
 
     The start-up transient of a pipelined schedule dies away slowly when compute and
     communication nearly tie (OD-SGD, ASGD): the backlog drains by only their difference
-    per iteration, and a short window then reads a period below both bounds."""
-    iterations = None
+    per iteration, and a short window then reads a period below both bounds. A window of a
+    few iterations may also read the same period over its last half and quarter before the
+    backlog has built up at all, so the period must also be that of half the unroll."""
+    iterations, before = None, None
     while True:
         plan = build_plan(c, s, iterations)
         sched = simulate(plan.dag)
         half, quarter = _periods(plan, sched), _periods(plan, sched, last=0.25)
         iterations = len(next(iter(plan.iteration_ends.values())))
-        settled = half is not None and quarter is not None and all(
-            abs(half[o] - quarter[o]) <= _SETTLED * max(half[o], 1e-12) for o in half
+        settled = half is not None and quarter is not None and before is not None and all(
+            abs(half[o] - p[o]) <= _SETTLED * max(half[o], 1e-12) for o in half for p in (quarter, before)
         )
+        before = half
         if settled or iterations * 2 > _MAX_ITERATIONS:
             if half is None:
                 return _lapped(c, s, plan, sched, iterations)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from click.testing import CliRunner
@@ -377,3 +378,143 @@ def test_the_predict_stage_writes_a_row_for_every_configuration_predicted_or_not
             assert r["no_prediction"] is None and r["iter_time_s"] > 0
         else:
             assert r["no_prediction"].startswith("comm model: no ps or p2p fits") and r["iter_time_s"] is None
+
+
+def _placed_comm(alpha: float, beta: float, gamma: float, workers: int, servers: int, node_of_rank,
+                 pull_lead: float | None) -> dict:
+    """comm.json as the microbenchmark of this very world would measure it on node links: a
+    PS round's latencies overlap and its bytes queue on the busiest link (fit.py)."""
+    from modelling.links import ps_link_queue
+
+    comm = synthetic_comm(alpha, beta, gamma, workers=workers, servers=servers)
+    queue = ps_link_queue(workers, servers, node_of_rank) or 1
+    for row in comm["measurements"]:
+        if row["primitive"] == "ps":
+            row["median_s"] = 2 * (alpha + queue * row["bytes"] / servers * beta)
+            row["node_of_rank"] = list(node_of_rank)
+            if pull_lead is not None:
+                row["pull_lead_s"] = pull_lead * row["bytes"] * beta
+    comm["environment"] = {"hosts": 1, "nodes": len(set(node_of_rank)), "cpu_count": 16,
+                           "world_size": workers + servers}
+    return comm
+
+
+@st.composite
+def scenarios(draw):
+    """A scenario of the family the model must predict or say why not: an algorithm, 1-64
+    workers, 1-4 shards, a link of 10 Mbit/s to 100 Gbit/s, one host or 2-4 nodes by either
+    placement policy (uneven worker counts per node where they do not divide), a random
+    layer table and a comm fit measured for this world or another."""
+    from infra.placement import PlacementError, place
+
+    algorithm, comm = draw(st.sampled_from(CONFIGS))
+    workers = draw(st.integers(1, 64))
+    servers = draw(st.integers(1, 4)) if comm == "ps" else 0
+    rate = 10 ** draw(st.floats(math.log10(10e6 / 8), math.log10(100e9 / 8)))
+    alpha = 10 ** draw(st.floats(-6, -3))
+    beta = draw(st.floats(1.0, 2.0)) / rate  # no faster than the link
+    gamma = draw(st.sampled_from([0.0, 0.2 * beta]))
+    node_of_rank = None
+    if draw(st.booleans()):  # links: a cluster of nodes
+        nodes = draw(st.integers(2, 4))
+        policy = draw(st.sampled_from(["colocated", "dedicated"]))
+        per_node = draw(st.sampled_from([None, None, 1, 2, 8]))
+        try:
+            node_of_rank = place(workers, servers, nodes, policy, devices_per_node=per_node).node_of_rank
+        except PlacementError:  # more workers than devices, or no node left for a dedicated shard
+            node_of_rank = place(workers, servers, nodes, "colocated").node_of_rank
+    same_world = draw(st.booleans())
+    measured = workers if same_world and workers > 1 else 4
+    shards = max(servers, 1)
+    if node_of_rank is not None and same_world and comm == "ps" and workers > 1 and len(set(node_of_rank)) > 1:
+        raw = _placed_comm(alpha, beta, gamma, workers, shards, node_of_rank,
+                           draw(st.sampled_from([None, 0.0, 0.5])))
+    else:
+        raw = synthetic_comm(alpha, beta, gamma, workers=measured, servers=shards)
+    layers = draw(st.lists(st.tuples(st.floats(0.0, 5e-3), st.floats(0.0, 1e-2), st.integers(4, 8_000_000)),
+                           min_size=1, max_size=5))
+    scenario = {"algorithm": algorithm, "comm": comm, "workers": workers, "servers": servers,
+                "node_of_rank": node_of_rank,
+                "bandwidth_bytes_per_s": draw(st.sampled_from([None, rate])),
+                "bucket_mb": draw(st.sampled_from([0.0, 25.0])), "overlap": draw(st.booleans())}
+    return layers, raw, rate, scenario
+
+
+def _fifo_shards(fields: dict) -> bool:
+    """Several shards on a cluster of nodes: each class's transfers to them queue FIFO on its links."""
+    placed = fields["node_of_rank"] is not None and len(set(fields["node_of_rank"])) > 1
+    return placed and fields["servers"] > 1
+
+
+# Derandomized and bounded: CI runs the same examples every time, in well under a minute.
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(scenarios())
+def test_every_scenario_of_the_family_predicts_within_its_bounds_or_says_why(case) -> None:
+    """The DAG's bounds (DESIGN §3), with compute the worker's own tasks of one iteration,
+    comm the communication-only schedule's mean period over the worker classes (the shards'
+    work included) and comm_max its slowest class's: max(compute, comm) <= iteration <=
+    compute + comm_max, unless the host's cores set the pace (then iteration =
+    host_cpu_bound_s). Or a stated no-prediction; never an exception.
+
+    Where ASGD's classes keep paces of their own (comm_max > comm: a colocated shard's own
+    workers beside remote ones), the mean of the paces need not reach comm: without compute
+    the classes beside the shard hold its serial loop more often, and the remote ones wait
+    longer for it than they do with compute. There compute <= iteration <= compute +
+    comm_max.
+
+    On a cluster with several shards, a worker class's transfers to the shards queue on its
+    node's links in the order they became ready (FIFO), and such a greedy schedule is not
+    monotone in its tasks' durations (Graham's list-scheduling anomalies): compute that
+    staggers the transfers can shorten the queues the communication-only schedule builds,
+    or lengthen them. There only what holds for any schedule is asserted: compute <=
+    iteration, and no resource busier than all the time (the busiest link's work per
+    iteration <= iteration). On one host, and on a cluster with one shard or an allreduce,
+    the full bounds hold."""
+    from modelling.scenario import Scenario
+
+    layers, raw, rate, fields = case
+    fwd, bwd, nbytes = zip(*layers, strict=True)
+    model = fit_comm(raw, link_bytes_per_s=rate)
+    [r] = predict(layer_table(fwd, bwd, nbytes), model, Scenario.of("t", **fields), strict=False)
+    if r["no_prediction"] is not None:
+        assert r["iter_time_s"] is None and r["no_prediction"]
+        return
+    t, compute, comm_s, comm_max = r["iter_time_s"], r["compute_s"], r["comm_s"], r["comm_max_s"]
+    assert math.isfinite(t) and t > 0
+    own_paces = fields["algorithm"] == "asgd" and comm_max > comm_s * (1 + 1e-6)
+    # To 0.01%: a steady-state period is read over a finite window of iterations.
+    assert (compute if own_paces else max(compute, comm_s)) * (1 - 1e-4) <= t or _fifo_shards(fields)
+    assert compute * (1 - 1e-4) <= t
+    assert comm_s <= comm_max * (1 + 1e-9)
+    assert all(0.0 <= u <= 1.0 + 1e-9 for u in r["utilisation"].values())
+    if _fifo_shards(fields):
+        return
+    if r["host_cpu_bound_s"] >= t * (1 - 1e-12):
+        assert t == pytest.approx(r["host_cpu_bound_s"])
+    else:
+        assert t <= (compute + comm_max) * (1 + 1e-4) + 1e-12
+
+
+def test_a_pipeline_is_read_once_its_backlog_has_built_up() -> None:
+    """OD-SGD, 50 workers over 3 nodes with a colocated shard each: over the first 6 unrolled
+    iterations the last half and quarter read the same period (9.9 ms, the compute alone)
+    before the transfers' backlog has built up; the steady state, as a long unroll reads
+    it, is 11.5 ms. The period must also be that of half the unroll."""
+    import modelling.predict as mp
+    from infra.placement import place
+    from modelling.costs import CommCosts
+    from modelling.dag import build_plan
+    from modelling.scenario import Scenario
+    from modelling.simulate import simulate
+
+    rate = 7237991.256976012
+    comm = fit_comm(synthetic_comm(1.471054461226742e-05, 2.576561871353257e-07, 0.0, workers=4, servers=3),
+                    link_bytes_per_s=rate)
+    table = layer_table([0.0012800216790329836], [0.007163377131532271], [1000])
+    scenario = mp._decided(Scenario.of("t", algorithm="odsgd", comm="ps", workers=50, servers=3,
+                                       node_of_rank=place(50, 3, 3, "colocated").node_of_rank), comm)
+    [r] = predict(table, comm, scenario)
+    plan = build_plan(mp.build_costs(table, CommCosts(comm), scenario), scenario, 192)
+    long_run = mp._periods(plan, simulate(plan.dag))
+    assert r["iter_time_s"] == pytest.approx(long_run["worker0"], rel=1e-6)
+    assert r["iter_time_s"] > 1.1 * r["compute_s"]
