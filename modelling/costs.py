@@ -110,14 +110,14 @@ class CommCosts:
     def loopback_latency(self) -> float | None:
         """Placed, a transfer within a node (a worker and its colocated shard): the one-way
         latency of the ping-pong within a node (the loopback fit's alpha), where the
-        microbenchmark timed one; else at most the one-way latency that the ping-pong measured
-        across a link (the p2p fit's alpha), as a loopback copy crosses no link and no slower
-        one. Not the PS round's cost at 0 bytes:
+        microbenchmark timed one, and at most the one-way latency that the ping-pong measured
+        across a link (the p2p fit's alpha), as a loopback copy crosses no link and is no
+        slower than one that does. Not the PS round's cost at 0 bytes:
         that round is timed to its remote worker, and at small sizes it holds the host's
         scheduling delays (the microbenchmark's 4 KiB round took 2-4 ms over a 1 Gbit/s
         link whose one-way latency was 0.2 ms). None without a p2p fit."""
-        p = self._nearest("loopback", 2) or self._nearest("p2p", 2)
-        return None if p is None else max(float(p["alpha_s"]), 0.0)
+        fits = [f for f in (self._nearest("loopback", 2), self._nearest("p2p", 2)) if f is not None]
+        return min((max(float(f["alpha_s"]), 0.0) for f in fits), default=None)
 
     def _measured_here(self, primitive: str, workers: int, servers: int, field: str) -> dict[str, Any] | None:
         """The fit of exactly this world that recorded `field`, unless a what-if bandwidth puts

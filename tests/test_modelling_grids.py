@@ -46,7 +46,7 @@ def test_every_recorded_grid_holds_its_measurements() -> None:
     """Each grid has what a `ddlbench run` measured: comm.json, layers.json and a summary.json
     per trained configuration, every algorithm among them."""
     grids = _grids()
-    assert {g.name for g in grids} >= {"onehost"}
+    assert {g.name for g in grids} >= {"onehost", "netns2"}
     for grid in grids:
         assert (grid / "comm.json").is_file() and (grid / "layers.json").is_file()
         algorithms = {json.loads(p.read_text())["algorithm"] + "-" + json.loads(p.read_text())["comm"]

@@ -10,7 +10,11 @@ correct colocated round as faster than the link). Needs root.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +28,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="netns tests need root (network namespaces)"),
 ]
 
+REPO = Path(__file__).resolve().parent.parent
 RATE = 200e6 / 8  # bytes/s: slow enough that the 2 shared cores never limit the link
 SIZES = [65536, 262144, 1 << 20, 4 << 20]
 
@@ -86,3 +91,44 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
     assert round_s >= 2 * queue * (4 << 20) / RATE * 0.9
     for f in model["fits"]:
         assert f["usable"], f"{f['primitive']}: {f['flags']}"
+
+
+NETNS3 = Path(__file__).resolve().parent / "fixtures" / "grids" / "netns3.yaml"
+
+
+@pytest.mark.timeout(1500)
+def test_an_uneven_placement_on_three_nodes_is_measured_predicted_and_validated(tmp_path: Path) -> None:
+    """tests/fixtures/grids/netns3.yaml through `ddlbench run`: 4 workers on 3 nodes, placed
+    [2, 1, 1] with the shard beside worker 0, at 2 Gbit/s, every algorithm. The microbenchmark
+    times the link on a pair that crosses nodes and loopback on a pair within one (a pair by
+    rank number timed loopback in the link's place, and the allreduce fit was flagged faster
+    than the link); no fit is flagged against the stated rate; every algorithm is predicted
+    and has a validation row; the run ends FINISHED."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ddlbench")), "run", str(NETNS3), "--home", str(tmp_path),
+         "--run-key", "netns3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1400)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    run = tmp_path / "runs" / "netns3"
+    comm = json.loads(next(run.glob("microbench/*/comm.json")).read_text())
+    placed = json.loads(next(run.glob("microbench/*/placement.json")).read_text())["node_of_rank"]
+    assert placed == [0, 0, 1, 2, 0]
+    pairs = {r["primitive"]: tuple(r["pair"]) for r in comm["measurements"] if "pair" in r}
+    a, b = pairs["p2p"]
+    assert placed[a] != placed[b]  # the link
+    a, b = pairs["loopback"]
+    assert placed[a] == placed[b]  # within a node
+    model = json.loads((run / "fit" / "model.json").read_text())
+    flagged = [f"{f['primitive']} w{f['workers']}: {f['flags']}" for f in model["fits"]
+               if not f["usable"] and f["primitive"] in ("p2p", "allreduce", "ps")]
+    assert not flagged
+    predictions = json.loads((run / "predict" / "predictions.json").read_text())
+    assert {p["algorithm"] for p in predictions if p["iter_time_s"]} == {"ssgd-allreduce", "ssgd-ps", "asgd-ps",
+                                                                          "odsgd-ps"}
+    validation = json.loads((run / "validate" / "validation.json").read_text())
+    rows = {(r["algorithm"], r["comm"]): r for r in validation["runs"]}
+    assert set(rows) == {("ssgd", "allreduce"), ("ssgd", "ps"), ("asgd", "ps"), ("odsgd", "ps")}
+    for r in rows.values():
+        assert r["placement"] == "3 nodes colocated" and r["predicted_iter_s"] > 0 and r["measured_iter_s"] > 0
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "FINISHED", status
