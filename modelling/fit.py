@@ -40,6 +40,7 @@ import numpy as np
 
 from modelling.files import read_json
 from modelling.links import multi_node, ps_link_queue
+from modelling.records import migrate_comm
 
 COMM_KIND = "ddlbench-comm"
 # Sustained rate: the slope over the sizes within this factor of the largest.
@@ -94,8 +95,8 @@ def sustained_slope(sizes: list[float], times: list[float]) -> float:
 
 
 def _cost(row: dict[str, Any]) -> float:
-    """A row's expected cost: the trimmed mean where measured (newer comm.json), else the median."""
-    return row.get("mean_s", row["median_s"])
+    """A row's expected cost: its trimmed mean over repeats (modelling/records.py)."""
+    return row["mean_s"]
 
 
 def _grouped(
@@ -107,7 +108,7 @@ def _grouped(
     sizes) counts once, as the median of its values."""
     raw: dict[tuple[str, int, int], dict[float, list[float]]] = {}
     for row in comm["measurements"]:
-        key = (row["primitive"], int(row["workers"]), int(row.get("servers", 0)))
+        key = (row["primitive"], int(row["workers"]), int(row["servers"]))
         v = value(row)
         if v is not None:
             raw.setdefault(key, {}).setdefault(float(row["bytes"]), []).append(float(v))
@@ -120,6 +121,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
     """model.json content: one fit per primitive and world size."""
     if comm.get("kind") != COMM_KIND or not isinstance(comm.get("measurements"), list):
         raise CommModelError("comm: not a ddlbench comm.json (no 'measurements' of kind ddlbench-comm)")
+    comm = _migrated(comm, "comm")
     link = link_bytes_per_s or comm.get("link_bytes_per_s")
     groups = _grouped(comm)
     placed = _placements(comm)
@@ -233,13 +235,21 @@ def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
     return out
 
 
+def _migrated(comm: dict[str, Any], source: str) -> dict[str, Any]:
+    try:
+        return migrate_comm(comm, source)
+    except ValueError as err:
+        raise CommModelError(str(err)) from None
+
+
 def load_comm(path: Path) -> dict[str, Any]:
+    """comm.json, brought up to the current schema (modelling/records.py)."""
     data = read_json(path, "comm.json file", CommModelError)
     if data.get("kind") != COMM_KIND or not isinstance(data.get("measurements"), list):
         raise CommModelError(
             f"{path}: not a ddlbench comm.json (kind {data.get('kind')!r}); write one with `ddlbench microbench`"
         )
-    return data
+    return _migrated(data, str(path))
 
 
 def load_comm_model(path: Path) -> dict[str, Any]:

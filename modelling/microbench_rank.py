@@ -39,6 +39,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from modelling.fit import COMM_KIND
 from modelling.links import p2p_pairs, tcp_rmem_max, tcp_wmem_max
+from modelling.records import SCHEMA_VERSION
 
 _SCRATCH = torch.ones(64, 64)
 
@@ -272,6 +273,7 @@ def run(out: Path) -> int:
     if rank == 0:
         comm = {
             "kind": COMM_KIND,
+            "schema_version": SCHEMA_VERSION,
             "workers": n,
             "servers": s,
             "sizes": spec["sizes"],

@@ -10,8 +10,9 @@ from typing import Any
 from modelling.costs import CommCosts
 from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
 from modelling.fit import CommModelError
-from modelling.layers import check_layers
+from modelling.layers import LayersError, check_layers
 from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
+from modelling.records import migrate_layers
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 from training.summary import shared_paces
@@ -48,11 +49,22 @@ def expected_straggle(samples: list[float], workers: int) -> float:
     return max(e_max - statistics.median(xs), 0.0)
 
 
+def table(layers: dict[str, Any]) -> dict[str, Any]:
+    """A layer table checked (LayersError naming what lacks) and brought up to the current
+    schema (modelling/records.py)."""
+    check_layers(layers)
+    try:
+        return migrate_layers(layers)
+    except ValueError as err:
+        raise LayersError(str(err)) from None
+
+
 def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
     """Task durations for one world size; compute scales linearly to another batch size.
     Only SSGD waits for every worker every iteration, so only it pays for stragglers."""
+    layers = table(layers)
     scale = s.batch_size / layers["batch_size"] if s.batch_size else 1.0
-    samples = layers.get("iteration_samples_s") or []
+    samples = layers["iteration_samples_s"]
     allreduce = comm.allreduce(s.workers) if s.comm == "allreduce" else (lambda _m: 0.0)
     transfer = comm.transfer(s.workers, s.servers) if s.comm == "ps" else (lambda _m: 0.0)
     on_cpu = bool(s.comm_on_cpu)
@@ -63,14 +75,14 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         fwd=[r["fwd_s"] * scale for r in rows],
         bwd=[r["bwd_s"] * scale for r in rows],
         layer_bytes=layer_bytes,
-        param_tensor_bytes=[r.get("param_tensor_bytes") or [int(r["param_bytes"])] for r in rows],
+        param_tensor_bytes=[r["param_tensor_bytes"] for r in rows],
         data_s=layers["data_s"] * scale,
         update_s=layers["update_s"],
-        pack_s=layers.get("pack_s", 0.0),
-        unpack_s=layers.get("unpack_s", 0.0),
-        server_update_s=layers.get("server_update_s", 0.0) + (s.workers - 1) * layers.get("server_add_s", 0.0),
+        pack_s=layers["pack_s"],
+        unpack_s=layers["unpack_s"],
+        server_update_s=layers["server_update_s"] + (s.workers - 1) * layers["server_add_s"],
         # ASGD's shard applies every push with its optimizer (training/ps.py): a step, not an add.
-        server_apply_s=layers.get("server_update_s", 0.0),
+        server_apply_s=layers["server_update_s"],
         allreduce_s=allreduce,
         transfer_s=transfer,
         allreduce_cpu_s=copying_part(allreduce) if on_cpu else None,
@@ -334,7 +346,7 @@ def predict(
     its place. bucket_mb <= 0 means per-layer WFBP. comm_on_cpu: transfers hold the CPUs
     at their ends (None: when the comm model is loopback)."""
     scenario = _scenario(scenario, settings)
-    check_layers(layers)
+    layers = table(layers)
     sizes = [scenario.workers] if workers is None else list(workers)
     if any(n < 1 for n in sizes):
         raise ValueError(f"workers: every world size must be at least 1, got {sizes}")

@@ -9,8 +9,7 @@ from typing import Any
 
 from modelling.costs import CommCosts
 from modelling.dag import Plan, build_plan
-from modelling.layers import check_layers
-from modelling.predict import WORKER_TASKS, _decided, _scenario, build_costs
+from modelling.predict import WORKER_TASKS, _decided, _scenario, build_costs, table
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, simulate
 
@@ -24,7 +23,7 @@ def predicted_timeline(
     one record per worker (class) and step, and per server shard and step.
     Called as `predict` is, with one world size (workers=N among the settings)."""
     s = _decided(_scenario(scenario, settings), comm_model)
-    check_layers(layers)
+    layers = table(layers)
     costs = build_costs(layers, CommCosts(comm_model, s.bandwidth_bytes_per_s), s)
     plan = build_plan(costs, s)
     return _records(plan, simulate(plan.dag))

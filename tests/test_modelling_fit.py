@@ -155,3 +155,36 @@ def test_merged_comm_files_count_each_size_once() -> None:
     for a, b in zip(fit_comm(one)["fits"], fit_comm(merged)["fits"], strict=True):
         assert a["sizes"] == b["sizes"] == SIZES
         assert a["beta_s_per_byte"] == pytest.approx(b["beta_s_per_byte"])
+
+
+def test_an_older_comm_json_and_layer_table_are_migrated_in_one_place() -> None:
+    """Version 1 files (no schema_version; comm rows without mean_s or servers; layer rows
+    without param_tensor_bytes, no PS copy times) read as the current schema
+    (modelling/records.py): the same fits, the same predictions as the files written today;
+    a malformed field is named."""
+    from modelling.predict import predict
+    from modelling.records import SCHEMA_VERSION, migrate_comm, migrate_layers
+    from tests.test_modelling_predict import TOY
+
+    new = synthetic_comm(20e-6, 1e-9, 0.2e-9, workers=2)
+    old = {**new, "measurements": [{k: v for k, v in row.items() if k not in ("servers",)}
+                                   for row in new["measurements"] if row["primitive"] != "ps"]}
+    assert "schema_version" not in old and all("mean_s" not in r for r in old["measurements"])
+    migrated = migrate_comm(old)
+    assert migrated["schema_version"] == SCHEMA_VERSION
+    assert all(r["servers"] == 0 and r["mean_s"] == r["median_s"] for r in migrated["measurements"])
+    assert fit_comm(old)["fits"] == fit_comm({**new, "measurements": [r for r in new["measurements"]
+                                                                      if r["primitive"] != "ps"]})["fits"]
+    old_table = {**TOY, "layers": [{k: v for k, v in r.items() if k != "param_tensor_bytes"} for r in TOY["layers"]]}
+    for key in ("pack_s", "unpack_s", "server_update_s", "server_add_s"):
+        old_table.pop(key)
+    table = migrate_layers(old_table)
+    assert [r["param_tensor_bytes"] for r in table["layers"]] == [[r["param_bytes"]] for r in TOY["layers"]]
+    assert table["pack_s"] == 0.0 and table["iteration_samples_s"] == []
+    model = fit_comm(new)
+    explicit = {**table, "layers": [{**r} for r in table["layers"]]}
+    assert predict(old_table, model, algorithm="ssgd", comm_mode="allreduce", workers=[2])[0]["iter_time_s"] == \
+        predict(explicit, model, algorithm="ssgd", comm_mode="allreduce", workers=[2])[0]["iter_time_s"]
+    bad = {**new, "measurements": [{**new["measurements"][0], "workers": 0}]}
+    with pytest.raises(CommModelError, match=r"measurements\.0\.workers"):
+        fit_comm(bad)
