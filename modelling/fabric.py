@@ -191,6 +191,17 @@ class Fabric:
         cpu_s = None if c.allreduce_cpu_s is None else c.allreduce_cpu_s(nbytes)
         return Transfer(0.0, c.allreduce_s(nbytes), (NETWORK,), cpus, cpu_s)
 
+    def copy_cpu_s(self, workers: int, nbytes: int, ring: bool) -> float:
+        """The CPU-seconds of copies in one allreduce of nbytes (`ring`) or one PS round (every
+        worker's push and pull of each shard's share of nbytes) on one host's loopback: each
+        transfer copies at both its ends (into and out of the socket), each rank of a ring
+        copies its share of every step."""
+        c = self.c
+        if ring:
+            return workers * (c.allreduce_cpu_s or c.allreduce_s)(nbytes)
+        copy = c.transfer_cpu_s or c.transfer_s
+        return 2 * 2 * workers * self.servers * copy(int(nbytes / self.servers))
+
     # A synchronous shard's round: its pulls, sent at once.
 
     def sharing(self, s: int) -> list[int]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from modelling.costs import CommCosts
 from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
+from modelling.fabric import Fabric
 from modelling.fit import CommModelError
 from modelling.layers import LayersError, check_layers
 from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
@@ -294,15 +295,13 @@ def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
         if measured is not None:
             work += sum(measured(nbytes) for _, nbytes in groups)
         else:
-            copying = c.allreduce_cpu_s or c.allreduce_s
-            work += s.workers * sum(copying(nbytes) for _, nbytes in groups)
+            fab = Fabric(c, s.workers, 0)
+            work += sum(fab.copy_cpu_s(s.workers, nbytes, ring=True) for _, nbytes in groups)
     else:
         if measured is not None:  # one round per iteration: every worker's push and pull
             work += measured(c.model_bytes)
         else:
-            shard = c.model_bytes / s.servers
-            copying = c.transfer_cpu_s or c.transfer_s
-            work += 2 * 2 * s.workers * s.servers * copying(int(shard))  # push and pull, two ends each
+            work += Fabric(c, s.workers, s.servers).copy_cpu_s(s.workers, c.model_bytes, ring=False)
         work += c.server_update_s if s.algorithm != "asgd" else s.workers * c.server_apply_s
     return work / min(host_cores, s.ranks)
 
