@@ -518,3 +518,19 @@ def test_a_pipeline_is_read_once_its_backlog_has_built_up() -> None:
     long_run = mp._periods(plan, simulate(plan.dag))
     assert r["iter_time_s"] == pytest.approx(long_run["worker0"], rel=1e-6)
     assert r["iter_time_s"] > 1.1 * r["compute_s"]
+
+
+def test_a_flagged_fit_predicts_at_the_stated_link_rate_and_says_so() -> None:
+    """The issue's 4 workers on 3 nodes: the allreduce fit came out faster than the stated
+    2 Gbit/s link (its p2p pair sat on one node). The prediction uses the stated rate for the
+    wire time, as a ring allreduce moves 2(N-1)/N of the bytes, and its note says so."""
+    rate = 2e9 / 8
+    model = fit_comm(synthetic_comm(20e-6, 0.1 / rate, 0.0, workers=4), link_bytes_per_s=rate)
+    assert not any(f["usable"] for f in model["fits"] if f["primitive"] in ("p2p", "allreduce"))
+    [r] = predict(TOY, model, algorithm="ssgd", comm_mode="allreduce", workers=[4], overlap=False)
+    moved = 2 * 3 / 4 * sum(row["param_bytes"] for row in TOY["layers"])
+    assert r["comm_s"] == pytest.approx(moved / rate + 6 * 20e-6, rel=0.02)
+    assert "stated link rate (2 Gbit/s)" in r["note"] and r["no_prediction"] is None
+    # A fit within its link has no note.
+    [ok] = predict(TOY, COMM, algorithm="ssgd", comm_mode="allreduce", workers=[4])
+    assert ok["note"] is None
