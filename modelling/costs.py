@@ -12,16 +12,21 @@ from typing import Any
 import numpy as np
 
 from modelling.fit import CommModelError, sustained_slope
+from modelling.records import migrate_model
 
 
 class CommCosts:
     """Time of each primitive from a fitted model, with optional bandwidth what-if."""
 
     def __init__(self, model: dict[str, Any], bandwidth_bytes_per_s: float | None = None) -> None:
+        try:
+            model = migrate_model(model)
+        except ValueError as err:
+            raise CommModelError(str(err)) from None
         self.fits = model["fits"]
         self.bw = bandwidth_bytes_per_s
-        self.link = model.get("link_bytes_per_s")  # the stated link rate the fit was checked against
-        self.environment = model.get("environment") or {}
+        self.link = model["link_bytes_per_s"]  # the stated link rate the fit was checked against
+        self.environment = model["environment"]
         self.notes: list[str] = []  # what the costs handed out so far assumed in place of a fit
 
     def _nearest(self, prim: str, workers: int, servers: int = 0) -> dict[str, Any] | None:
@@ -30,13 +35,13 @@ class CommCosts:
             return None
 
         def dist(f: dict[str, Any]) -> tuple[float, float]:
-            return (abs(math.log(f["workers"] / workers)), abs(f.get("servers", 0) - servers))
+            return (abs(math.log(f["workers"] / workers)), abs(f["servers"] - servers))
 
         return min(cands, key=dist)
 
     def _usable(self, f: dict[str, Any]) -> dict[str, Any]:
         """The fit itself, unless it is flagged and no bandwidth replaces its beta (`_rate`)."""
-        if not f.get("usable", True) and self._rate(f) is None:
+        if not f["usable"] and self._rate(f) is None:
             raise CommModelError(
                 f"comm model: the {f['primitive']} fit for {f['workers']} workers is flagged "
                 f"({'; '.join(f['flags'])}); give a bandwidth to predict with"
@@ -50,7 +55,7 @@ class CommCosts:
         None: the fit's own beta."""
         if self.bw is not None:
             return self.bw
-        if f.get("usable", True) or not self.link:
+        if f["usable"] or not self.link:
             return None
         note = (f"the {f['primitive']} fit for {f['workers']} workers is flagged ({'; '.join(f['flags'])}); "
                 f"wire time at the stated link rate ({self.link * 8 / 1e9:.3g} Gbit/s)")
@@ -86,7 +91,7 @@ class CommCosts:
         every shard (measured, interpolated over sizes); 0 where the microbenchmark did not
         time it (older comm.json files)."""
         f = self._nearest("ps", workers, servers)
-        if f is None or not f.get("post_s"):
+        if f is None or not f["post_s"]:
             return lambda _m: 0.0
         sizes, posts = np.asarray(f["sizes"], dtype=float), np.asarray(f["post_s"], dtype=float)
         # Outside the sizes measured, the nearest end's: posting does not grow with the size
@@ -123,9 +128,9 @@ class CommCosts:
         """The fit of exactly this world that recorded `field`, unless a what-if bandwidth puts
         other links (other hosts) in its place: what is only used as measured."""
         f = self._nearest(primitive, workers, servers)
-        if f is None or self.bw is not None or (f["workers"], f.get("servers", 0)) != (workers, servers):
+        if f is None or self.bw is not None or (f["workers"], f["servers"]) != (workers, servers):
             return None
-        return f if f.get(field) else None
+        return f if f[field] else None
 
     def host_cpu(self, primitive: str, workers: int, servers: int = 0):
         """bytes -> the host's CPU-seconds of one allreduce (or ps round) of this world, where
@@ -179,15 +184,15 @@ class CommCosts:
         if f is None:
             raise CommModelError("comm model: no ps or p2p fits; run `ddlbench microbench --servers 1`")
         if (
-            (f["primitive"], f["workers"], f.get("servers", 0)) == ("ps", workers, servers)
+            (f["primitive"], f["workers"], f["servers"]) == ("ps", workers, servers)
             and self.bw is None
             and _noisy_only(f)
         ):
             # A measured round is 2L transfers of M/S bytes queued on the busiest link; over
             # node links their latencies overlap (the round's intercept, two of them) and
             # only what the bytes add queues.
-            round_s, queue = _measured(f), f.get("link_queue") or workers
-            if f.get("latency_overlaps"):
+            round_s, queue = _measured(f), f["link_queue"] or workers
+            if f["latency_overlaps"]:
                 latency = max(f["intercept_s"], 0.0)
                 return lambda m: latency / 2 + max(round_s(m * servers) - latency, 0.0) / (2 * queue)
             return lambda m: round_s(m * servers) / (2 * queue)
@@ -216,7 +221,7 @@ def _nonnegative_line(m: np.ndarray, t: np.ndarray) -> tuple[float, float]:
 def _noisy_only(f: dict[str, Any]) -> bool:
     """Measurements to interpolate, and no flag beyond a line that noise made flat
     (a fit faster than the link says the measurements themselves are suspect)."""
-    return "measured_s" in f and (f.get("usable", True) or f["beta_s_per_byte"] <= 0)
+    return f["measured_s"] is not None and (f["usable"] or f["beta_s_per_byte"] <= 0)
 
 
 def _measured(f: dict[str, Any]):
@@ -224,13 +229,13 @@ def _measured(f: dict[str, Any]):
     the largest sizes (the sustained rate; older fits: the fitted slope), or for a flagged
     fit the slope from the smallest to the largest size."""
     a, b = f["intercept_s"], f["slope_s_per_byte"]
-    if "measured_s" not in f:
+    if f["measured_s"] is None:
         return lambda m: a + b * m
     sizes, times = np.asarray(f["sizes"], dtype=float), np.asarray(f["measured_s"], dtype=float)
     order = np.argsort(sizes)
     sizes, times = sizes[order], times[order]
-    b = f.get("sustained_slope_s_per_byte") or b
-    if not f.get("usable", True) or b <= 0:
+    b = f["sustained_slope_s_per_byte"] or b
+    if not f["usable"] or b <= 0:
         b = float((times[-1] - times[0]) / (sizes[-1] - sizes[0])) if len(sizes) > 1 else 0.0
 
     def cost(m: float) -> float:

@@ -158,8 +158,8 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
             overlap = multi_node(node_of_rank)
             alpha, beta, sustained = a / (2 if overlap else 2 * queue), b * s / (2 * queue), top * s / (2 * queue)
             extra = {"link_queue": queue, "node_of_rank": node_of_rank, "latency_overlaps": overlap,
-                     "post_s": _per_size(comm, lambda row: row.get("post_s"), (prim, n, s), sizes),
-                     "pull_lead_s": _per_size(comm, lambda row: row.get("pull_lead_s"), (prim, n, s), sizes)}
+                     "post_s": _per_size(comm, lambda row: row["post_s"], (prim, n, s), sizes),
+                     "pull_lead_s": _per_size(comm, lambda row: row["pull_lead_s"], (prim, n, s), sizes)}
         elif prim == "asgd":
             # One pass: a push and a pull of M/S bytes to each shard, timed as ASGD runs it and
             # used as measured (CommCosts.asgd_pass), per worker: a colocated shard's own
@@ -171,7 +171,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
         else:
             raise CommModelError(f"comm: unknown primitive {prim!r} in the measurements")
         if prim in ("allreduce", "ps"):
-            extra["host_cpu_s"] = _per_size(comm, lambda row: row.get("host_cpu_s"), (prim, n, s), sizes)
+            extra["host_cpu_s"] = _per_size(comm, lambda row: row["host_cpu_s"], (prim, n, s), sizes)
         flags = list(line["flags"])
         usable = True
         if beta <= 0:  # time that does not grow with size: noise swamped the sizes measured
@@ -220,7 +220,7 @@ def _per_worker(comm: dict[str, Any], n: int, s: int, sizes: list[float],
     trimmed-mean pass, `reply_tail_s` its reply's median time on the link after the shard
     went on. None where a file lacks it (older comm.json files)."""
     series = [
-        _per_size(comm, lambda row, w=w: (row.get(field) or [None] * n)[w], ("asgd", n, s), sizes)
+        _per_size(comm, lambda row, w=w: (row[field] or [None] * n)[w], ("asgd", n, s), sizes)
         for w in range(n)
     ]
     return None if None in series else series
@@ -230,8 +230,8 @@ def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
     """(workers, servers) -> the node of every rank of that microbenchmark, where recorded."""
     out: dict[tuple[int, int], list[int]] = {}
     for row in comm["measurements"]:
-        if row.get("node_of_rank") is not None:
-            out.setdefault((int(row["workers"]), int(row.get("servers", 0))), list(row["node_of_rank"]))
+        if row["node_of_rank"] is not None:
+            out.setdefault((int(row["workers"]), int(row["servers"])), list(row["node_of_rank"]))
     return out
 
 

@@ -72,6 +72,51 @@ class LayerTable(_Record):
     iteration_samples_s: list[float] = []
 
 
+class Fit(_Record):
+    """One primitive and world size of model.json (modelling/fit.py). Version 1 fits lack what
+    later microbenchmarks measured: those fields are None (or their neutral value)."""
+
+    primitive: str
+    workers: int
+    servers: int = 0
+    alpha_s: float
+    beta_s_per_byte: float
+    gamma_s_per_byte: float | None = None
+    intercept_s: float
+    slope_s_per_byte: float
+    sustained_slope_s_per_byte: float | None = None  # None: the fitted slope stands for it
+    usable: bool = True
+    flags: list[str] = []
+    sizes: list[float] | None = None  # None with measured_s: no measurements to follow
+    measured_s: list[float] | None = None
+    link_queue: int | None = None  # a PS round: transfers on its busiest link one way
+    latency_overlaps: bool = False  # a PS round over node links
+    node_of_rank: list[int] | None = None
+    post_s: list[float] | None = None
+    pull_lead_s: list[float] | None = None
+    host_cpu_s: list[float | None] | None = None
+    worker_mean_s: list[list[float]] | None = None
+    reply_tail_s: list[list[float]] | None = None
+
+
+class CommModel(_Record):
+    kind: Literal["ddlbench-comm-model"]
+    schema_version: int = SCHEMA_VERSION
+    link_bytes_per_s: float | None = None
+    environment: dict[str, Any] = {}
+    fits: list[Fit]
+
+
+def migrate_model(data: dict[str, Any], source: str = "comm model") -> dict[str, Any]:
+    """model.json of any version as the current one (a plain dict; ValueError naming the field)."""
+    try:
+        record = CommModel.model_validate({**data, "schema_version": SCHEMA_VERSION,
+                                           "environment": data.get("environment") or {}})
+    except ValidationError as err:
+        raise ValueError(f"{source}: {_first_error(err)}") from None
+    return record.model_dump()
+
+
 def _first_error(err: ValidationError) -> str:
     e = err.errors()[0]
     return f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"

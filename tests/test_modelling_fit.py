@@ -188,3 +188,13 @@ def test_an_older_comm_json_and_layer_table_are_migrated_in_one_place() -> None:
     bad = {**new, "measurements": [{**new["measurements"][0], "workers": 0}]}
     with pytest.raises(CommModelError, match=r"measurements\.0\.workers"):
         fit_comm(bad)
+    # A version 1 model.json (fits without servers, usable or their measurements): its lines.
+    fitted = fit_comm(synthetic_comm(20e-6, 1e-9, 0.0, workers=2, servers=1))
+    dropped = ("servers", "usable", "measured_s", "sizes", "sustained_slope_s_per_byte", "link_queue",
+               "latency_overlaps", "post_s", "pull_lead_s", "host_cpu_s")
+    old_model = {"kind": fitted["kind"], "fits": [{k: v for k, v in f.items() if k not in dropped}
+                                                  for f in fitted["fits"]]}
+    ps = next(f for f in fitted["fits"] if f["primitive"] == "ps")
+    assert CommCosts(old_model).transfer(2, 1)(1e6) == pytest.approx(ps["alpha_s"] + 1e6 * ps["beta_s_per_byte"])
+    with pytest.raises(CommModelError, match=r"fits\.0\.alpha_s"):
+        CommCosts({**old_model, "fits": [{**old_model["fits"][0], "alpha_s": "x"}]})
