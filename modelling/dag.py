@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from modelling.fabric import Fabric, Resource, Transfer, compute
 from modelling.scenario import Scenario
 from modelling.simulate import Dag
+from training.config import Algorithm, Comm
 
 
 @dataclass
@@ -214,7 +215,8 @@ def comm_groups(c: Costs, overlap: bool, bucket_bytes: int) -> list[tuple[int, i
 
 # Unrolled iterations: enough for the asynchronous pipelines to settle; the
 # second half is the steady state that is measured.
-ITERATIONS = {("ssgd", "allreduce"): 3, ("ssgd", "ps"): 4, ("odsgd", "ps"): 6, ("asgd", "ps"): 8}
+ITERATIONS = {(Algorithm.ssgd, Comm.allreduce): 3, (Algorithm.ssgd, Comm.ps): 4, (Algorithm.odsgd, Comm.ps): 6,
+              (Algorithm.asgd, Comm.ps): 8}
 
 
 def build_plan(c: Costs, s: Scenario, iterations: int | None = None, counts: Sequence[int] | None = None) -> Plan:
@@ -222,11 +224,12 @@ def build_plan(c: Costs, s: Scenario, iterations: int | None = None, counts: Seq
     `iterations` (default: enough for the algorithm's usual pipeline to settle), or per
     worker class `counts` (ASGD only: its classes need not keep step)."""
     iterations = iterations or ITERATIONS[(s.algorithm, s.comm)]
-    if s.comm == "allreduce":
+    if s.comm == Comm.allreduce:
         return build_allreduce(c, s.workers, iterations, overlap=s.overlap, bucket_bytes=s.bucket_bytes)
     from modelling.dag_ps import build_ps  # the PS builders build on this module
 
-    return build_ps(c, s.algorithm, s.workers, s.servers, iterations, counts=counts if s.algorithm == "asgd" else None)
+    asgd = s.algorithm == Algorithm.asgd
+    return build_ps(c, s.algorithm, s.workers, s.servers, iterations, counts=counts if asgd else None)
 
 
 def without_compute(c: Costs) -> Costs:

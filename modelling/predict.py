@@ -16,6 +16,7 @@ from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
 from modelling.records import migrate_layers
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
+from training.config import Algorithm, Comm
 from training.summary import shared_paces
 
 
@@ -66,10 +67,11 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
     layers = table(layers)
     scale = s.batch_size / layers["batch_size"] if s.batch_size else 1.0
     samples = layers["iteration_samples_s"]
-    allreduce = comm.allreduce(s.workers) if s.comm == "allreduce" else (lambda _m: 0.0)
-    transfer = comm.transfer(s.workers, s.servers) if s.comm == "ps" else (lambda _m: 0.0)
+    allreduce = comm.allreduce(s.workers) if s.comm == Comm.allreduce else (lambda _m: 0.0)
+    transfer = comm.transfer(s.workers, s.servers) if s.comm == Comm.ps else (lambda _m: 0.0)
     on_cpu = bool(s.comm_on_cpu)
-    placed_ps = s.comm == "ps" and multi_node(s.node_of_rank)
+    placed_ps = s.comm == Comm.ps and multi_node(s.node_of_rank)
+    asgd = s.algorithm == Algorithm.asgd
     rows = layers["layers"]
     layer_bytes = [int(r["param_bytes"]) for r in rows]
     return Costs(
@@ -88,7 +90,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         transfer_s=transfer,
         allreduce_cpu_s=copying_part(allreduce) if on_cpu else None,
         transfer_cpu_s=copying_part(transfer) if on_cpu else None,
-        straggle_s=expected_straggle(samples, s.workers) * scale if s.algorithm == "ssgd" else 0.0,
+        straggle_s=expected_straggle(samples, s.workers) * scale if s.algorithm == Algorithm.ssgd else 0.0,
         comm_on_cpu=on_cpu,
         node_of_rank=s.node_of_rank,
         send_buffer_bytes=send_buffer_bytes(comm.environment),
@@ -99,8 +101,8 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         # Measured host CPU where the DAG's CPUs do not hold the copies (an emulated cluster's
         # nodes); on loopback the copying part of the transfers is that CPU time already.
         host_comm_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if not on_cpu else None,
-        asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if s.algorithm == "asgd" else None,
-        asgd_reply_tail_s=comm.asgd_reply_tail(s.workers, s.servers) if s.algorithm == "asgd" and placed_ps else None,
+        asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if asgd else None,
+        asgd_reply_tail_s=comm.asgd_reply_tail(s.workers, s.servers) if asgd and placed_ps else None,
     )
 
 
@@ -229,7 +231,7 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
     if host_bound > iter_time:  # the host's cores, not any one rank's tasks, set the pace
         throughput *= iter_time / host_bound
         iter_time = host_bound
-    if s.comm == "allreduce":
+    if s.comm == Comm.allreduce:
         # All buckets queue on the network: communication alone is their sum.
         groups = comm_groups(costs, s.overlap, s.bucket_bytes)
         comm_s = sum(costs.allreduce_s(nbytes) for _, nbytes in groups) if s.workers > 1 else 0.0
@@ -283,12 +285,12 @@ def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
     measured = c.host_comm_cpu_s
     if not host_cores or (measured is None and not c.comm_on_cpu):
         return 0.0
-    ps = s.comm == "ps"
+    ps = s.comm == Comm.ps
     per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s
     if ps or s.workers > 1:  # one allreduce worker has nothing to copy
         per_worker += c.unpack_s
         per_worker += c.pack_s if (ps or not s.overlap) else 0.0  # DDP fills buckets in backward
-    per_worker += c.update_s if (not ps or s.algorithm == "odsgd") else 0.0
+    per_worker += c.update_s if (not ps or s.algorithm == Algorithm.odsgd) else 0.0
     work = s.workers * per_worker
     if not ps:
         groups = comm_groups(c, s.overlap, s.bucket_bytes) if s.workers > 1 else []
@@ -302,7 +304,7 @@ def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
             work += measured(c.model_bytes)
         else:
             work += Fabric(c, s.workers, s.servers).copy_cpu_s(s.workers, c.model_bytes, ring=False)
-        work += c.server_update_s if s.algorithm != "asgd" else s.workers * c.server_apply_s
+        work += c.server_update_s if s.algorithm != Algorithm.asgd else s.workers * c.server_apply_s
     return work / min(host_cores, s.ranks)
 
 
