@@ -119,8 +119,7 @@ class CommCosts:
         across a link (the p2p fit's alpha), as a loopback copy crosses no link and is no
         slower than one that does. Not the PS round's cost at 0 bytes:
         that round is timed to its remote worker, and at small sizes it holds the host's
-        scheduling delays (the microbenchmark's 4 KiB round took 2-4 ms over a 1 Gbit/s
-        link whose one-way latency was 0.2 ms). None without a p2p fit."""
+        scheduling delays, not a copy's latency. None without a p2p fit."""
         fits = [f for f in (self._nearest("loopback", 2), self._nearest("p2p", 2)) if f is not None]
         return min((max(float(f["alpha_s"]), 0.0) for f in fits), default=None)
 
@@ -137,8 +136,8 @@ class CommCosts:
         the microbenchmark measured it with every rank on one host: loopback, or the nodes
         of an emulated cluster. None elsewhere, for a world it did not measure, and for a
         bandwidth what-if (other links, other hosts). One line a + b M over the sizes, least
-        squares in absolute terms (the kernel's ticks add the same error to every size, up
-        to 20 ms over a loop of at least 0.5 s on 2 cores): a the round's fixed cost (threads
+        squares in absolute terms (the kernel counts CPU time in ticks, which add the same
+        absolute error to every size): a the round's fixed cost (threads
         woken, gloo's bookkeeping, the kernel's per-message work), b its cost per byte; both
         at least 0."""
         f = self._measured_here(primitive, workers, servers, "host_cpu_s")
