@@ -38,26 +38,9 @@ from pipelines.spec_sections import (
 from training.config import Comm, ConfigError, TrainConfig
 
 __all__ = [
-    "SPEC_VERSION",
-    "AlgorithmSpec",
-    "BenchSpec",
-    "MicrobenchSpec",
-    "NetworkSpec",
-    "ProfileSpec",
-    "ProviderSpec",
-    "RegressionSpec",
-    "SpecError",
-    "Suite",
-    "TrackingSpec",
-    "WhatIfSpec",
-    "Workload",
-    "config_key",
-    "config_of",
-    "flatten",
-    "grid",
-    "load_spec",
-    "parse_rate",
-    "validate_spec",
+    "SPEC_VERSION", "AlgorithmSpec", "BenchSpec", "MicrobenchSpec", "NetworkSpec", "ProfileSpec", "ProviderSpec",
+    "RegressionSpec", "SpecError", "Suite", "TrackingSpec", "WhatIfSpec", "Workload", "config_key", "config_of",
+    "flatten", "grid", "load_spec", "parse_rate", "validate_spec",
 ]
 
 SPEC_VERSION = 1
@@ -250,6 +233,12 @@ def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
         raise SpecError(format_spec_error(err, source)) from None
     except TypeError as err:
         raise SpecError(one_error([f"{source}: {err}"])) from None
+    from pipelines.tracking import mask_secrets
+
+    # A spec lands in MLflow params, artifacts and the run directory: it may hold no password.
+    if held := [k for k, v in flatten(spec.model_dump(mode="json")).items() if mask_secrets(v) != v]:
+        raise SpecError(f"{source}.{held[0]}: holds a password or token; the deployment gives credentials "
+                        "through the environment (MLFLOW_TRACKING_URI, a kubeconfig), never a spec")
     try:
         entries = grid(spec)
     except ConfigError as err:
