@@ -47,10 +47,24 @@ from infra.base import (
     torchrun_shell,
 )
 from infra.lifeline import Launcher, wait_for_exit, watchdog
-from infra.options import PlacementOptions, integer_at_least
+from infra.options import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    IMAGE_REF,
+    OneLine,
+    PlacementOptions,
+    excerpt,
+    integer_at_least,
+    matching,
+)
 from infra.placement import Placement
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+# Kubernetes' own syntax of a label key ([prefix/]name), a label value and a resource quantity.
+_LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+_LABEL_KEY = re.compile(rf"({DNS_SUBDOMAIN.pattern}/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"{_LABEL_NAME}?")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 JOB_LABEL = "ddlbench.io/job"
 RUN_LABEL = "ddlbench.io/run"  # the pipeline run a job belongs to (one cluster per pipeline run)
@@ -66,32 +80,52 @@ def _label_value(text: str) -> str:
 
 def _toleration(tol: Any) -> Any:
     if not isinstance(tol, dict) or not tol or set(tol) - _TOLERATION_KEYS:
-        raise ValueError(f"expected a mapping with keys among {sorted(_TOLERATION_KEYS)}, got {tol!r}")
+        raise ValueError(f"expected a mapping with keys among {sorted(_TOLERATION_KEYS)}, got {excerpt(tol)}")
     return tol
+
+
+def _quantity(value: Any) -> Any:
+    if value is not None and (isinstance(value, bool) or not _QUANTITY.fullmatch(str(value))):
+        raise ValueError(f"expected a resource quantity such as 8, 500m or 32Gi, got {excerpt(value)}")
+    return value
 
 
 class KubernetesOptions(PlacementOptions):
     nodes: Annotated[int, integer_at_least(1)] = Field(1, description="Pods of every job (one torchrun each).")
-    image: str = Field("ddlbench:latest", description="Container image holding this repository.")
-    namespace: str = Field("default", description="Kubernetes namespace of the Job and Service.")
+    image: Annotated[str, matching(IMAGE_REF, "an image reference such as registry:5000/ddlbench:1.0")] = Field(
+        "ddlbench:latest", description="Container image holding this repository."
+    )
+    namespace: Annotated[str, matching(DNS_LABEL, "a namespace name (RFC 1123 label)")] = Field(
+        "default", description="Kubernetes namespace of the Job and Service."
+    )
     gpus_per_node: Annotated[int, integer_at_least(0)] = Field(0, description="nvidia.com/gpu limit per pod.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod node selector, label -> value.")
     tolerations: list[Annotated[dict[str, Any], BeforeValidator(_toleration)]] = Field(
         default_factory=list, description="Pod tolerations (key, operator, value, effect, tolerationSeconds)."
     )
-    cpu: str | int | None = Field(None, description="CPU request per pod, e.g. 8 or 500m.")
-    memory: str | int | None = Field(None, description="Memory request per pod, e.g. 32Gi.")
-    volume_claim: str | None = Field(None, description="ReadWriteMany claim holding the run directories.")
-    mount_path: str | None = Field(
+    cpu: Annotated[str | int | None, BeforeValidator(_quantity)] = Field(
+        None, description="CPU request per pod, e.g. 8 or 500m."
+    )
+    memory: Annotated[str | int | None, BeforeValidator(_quantity)] = Field(
+        None, description="Memory request per pod, e.g. 32Gi."
+    )
+    volume_claim: Annotated[str | None, matching(DNS_SUBDOMAIN, "a claim name (RFC 1123 subdomain)")] = Field(
+        None, description="ReadWriteMany claim holding the run directories."
+    )
+    mount_path: Annotated[str | None, OneLine] = Field(
         None, validate_default=True, description="Where volume_claim is mounted: the run home's path."
     )
-    service_account: str | None = Field(None, description="Service account of the pods.")
-    python: str = Field("python", description="Python in the image that runs torchrun.")
+    service_account: Annotated[
+        str | None, matching(DNS_SUBDOMAIN, "a service account name (RFC 1123 subdomain)")
+    ] = Field(None, description="Service account of the pods.")
+    python: Annotated[str, OneLine] = Field("python", description="Python in the image that runs torchrun.")
     master_port: int = Field(29500, description="torchrun's static rendezvous port on pod 0.")
     name_prefix: str = Field("ddlbench", description="Prefix of the Job's name (a DNS label).")
-    kubeconfig: str | None = Field(None, description="kubeconfig file; default: in-cluster or ~/.kube/config.")
-    context: str | None = Field(None, description="kubeconfig context.")
-    api_server: str | None = Field(None, description="API server URL, without a kubeconfig.")
+    kubeconfig: Annotated[str | None, OneLine] = Field(
+        None, description="kubeconfig file; default: in-cluster or ~/.kube/config."
+    )
+    context: Annotated[str | None, OneLine] = Field(None, description="kubeconfig context.")
+    api_server: Annotated[str | None, OneLine] = Field(None, description="API server URL, without a kubeconfig.")
     threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS).")
     poll_s: float = Field(2.0, description="Seconds between job state polls.")
 
@@ -100,9 +134,10 @@ class KubernetesOptions(PlacementOptions):
     def _selector(cls, v: Any) -> Any:
         selector = v or {}
         if not isinstance(selector, dict) or not all(
-            isinstance(k, str) and isinstance(val, str) for k, val in selector.items()
+            isinstance(k, str) and isinstance(val, str) and _LABEL_KEY.fullmatch(k) and _LABEL_VALUE.fullmatch(val)
+            for k, val in selector.items()
         ):
-            raise ValueError(f"expected a mapping of label to value, got {v!r}")
+            raise ValueError(f"expected a mapping of label keys to label values (Kubernetes' syntax), got {excerpt(v)}")
         return selector
 
     @field_validator("tolerations", mode="before")
@@ -117,13 +152,17 @@ class KubernetesOptions(PlacementOptions):
             raise ValueError(
                 "volume_claim needs the path to mount it at (the run home, the same path as on the submitter)"
             )
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"expected an absolute path, got {excerpt(v)}")
         return v
 
     @field_validator("name_prefix")
     @classmethod
     def _name_prefix(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
-            raise ValueError(f"{v!r} is not a DNS label (lowercase letters, digits and '-', at most 40 characters)")
+        if not _NAME_RE.fullmatch(v):
+            raise ValueError(
+                f"{excerpt(v)} is not a DNS label (lowercase letters, digits and '-', at most 40 characters)"
+            )
         return v
 
 

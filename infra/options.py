@@ -7,6 +7,8 @@ Errors name the option: "provider.options.nodes: expected an integer >= 1, got 0
 
 from __future__ import annotations
 
+import re
+import reprlib
 from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
@@ -42,12 +44,12 @@ def format_options_error(err: ValidationError, model: type[ProviderOptions]) -> 
     lines = []
     for e in err.errors():
         if e["type"] == "extra_forbidden":
-            lines.append(f"provider.options: unexpected keyword argument {e['loc'][-1]!r}; "
+            lines.append(f"provider.options: unexpected keyword argument {excerpt(e['loc'][-1])}; "
                          f"the options are {', '.join(model.model_fields)}")
         elif e["type"] == "value_error":
             lines.append(f"provider.options.{_where(e['loc'])}: {e['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"provider.options.{_where(e['loc'])}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"provider.options.{_where(e['loc'])}: {e['msg']} (got {excerpt(e.get('input'))})")
     return "\n".join(lines)
 
 
@@ -77,3 +79,58 @@ class PlacementOptions(ProviderOptions):
     server_nodes: Annotated[int, integer_at_least(1, "a positive integer")] = Field(
         1, description="Nodes given to the shards with placement: dedicated."
     )
+
+
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel, _EXCERPT.maxstring, _EXCERPT.maxother, _EXCERPT.maxlong = 2, 48, 48, 24
+_EXCERPT.maxlist = _EXCERPT.maxtuple = _EXCERPT.maxdict = _EXCERPT.maxset = 4
+EXCERPT_CHARS = 60
+
+
+def excerpt(value: Any) -> str:
+    """A bounded repr of a value for an error line: at most EXCERPT_CHARS characters, one line,
+    whatever the value's size (an alias-expanded structure, a file's worth of text)."""
+    text = _EXCERPT.repr(value)
+    if len(text) > EXCERPT_CHARS:
+        text = text[: EXCERPT_CHARS - 3] + "..."
+    return text
+
+
+def clip(text: str) -> str:
+    """A one-line text (a path checked by `one_line`) cut to EXCERPT_CHARS characters."""
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
+
+
+# Values that reach a command line, a batch script or a cluster object: each is refused
+# unless it matches the character set of the system that reads it, so no value can add a
+# line to a script or a word to a command.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")  # partition, account, job names
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1123 label (namespaces)
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# An OCI image reference: [registry[:port]/]path[:tag][@digest]
+IMAGE_REF = re.compile(
+    r"(?=.{1,255}$)([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-]{1,2}[a-z0-9]+)*(/[a-z0-9]+([._-]{1,2}[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
+)
+
+
+def matching(pattern: re.Pattern[str], what: str) -> BeforeValidator:
+    """A str option (or None) that must match `pattern` in full; `what` names the syntax."""
+
+    def check(value: Any) -> Any:
+        if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
+            raise ValueError(f"expected {what}, got {excerpt(value)}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def one_line(value: Any) -> Any:
+    """A str (or path) option without control characters: no line breaks into a script or a log."""
+    if value is not None and _CONTROL.search(str(value)):
+        raise ValueError(f"must not hold control characters such as line breaks, got {excerpt(value)}")
+    return value
+
+
+OneLine = BeforeValidator(one_line)

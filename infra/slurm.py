@@ -54,13 +54,14 @@ from infra.base import (
     torchrun_shell,
 )
 from infra.lifeline import Launcher, on_death
-from infra.options import PlacementOptions, integer_at_least
+from infra.options import SLURM_NAME, OneLine, PlacementOptions, clip, excerpt, integer_at_least, matching
 from infra.placement import Agent
 
-_TIME_RE = re.compile(r"^\d+$|^(\d+-)?\d{1,2}(:\d{2}){1,2}$|^\d+-\d{1,2}$")
+_TIME_RE = re.compile(r"[0-9]{1,9}|([0-9]{1,5}-)?[0-9]{1,2}(:[0-9]{2}){1,2}|[0-9]{1,5}-[0-9]{1,2}")
 _COMMENT = "ddlbench-launcher:"
 _ALLOCATION_COMMENT = "ddlbench-allocation:"  # held for a pipeline run: no launcher's death ends it
-_IFNAME_RE = re.compile(r"^[\w.:-]{1,15}(,[\w.:-]{1,15})*$")
+_IFNAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,15}(,[A-Za-z0-9_.:-]{1,15})*")
+_PARTITIONS = re.compile(rf"{SLURM_NAME.pattern}(,{SLURM_NAME.pattern})*")
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
 
 
@@ -106,16 +107,23 @@ class SlurmOptions(PlacementOptions):
     nodes: Annotated[int, integer_at_least(1)] = Field(1, description="Nodes of every job (sbatch --nodes).")
     gpus_per_node: Annotated[int, integer_at_least(0)] = Field(0, description="GPUs per node (--gpus-per-node).")
     time_limit: str | int = Field("30", description="Job time limit: minutes or [D-]HH:MM:SS.")
-    partition: str | None = Field(None, description="SLURM partition; default: the cluster's default.")
-    account: str | None = Field(None, description="SLURM account to charge.")
+    partition: Annotated[str | None, matching(_PARTITIONS, "SLURM partition names (letters, digits, '_.+-'; "
+                                                           "a comma-separated list)")] = Field(
+        None, description="SLURM partition; default: the cluster's default."
+    )
+    account: Annotated[str | None, matching(SLURM_NAME, "a SLURM account name (letters, digits, '_.+-')")] = Field(
+        None, description="SLURM account to charge."
+    )
     cpus_per_node: Annotated[int | None, integer_at_least(1, "a positive integer", optional=True)] = Field(
         None, description="CPUs per node (--cpus-per-task)."
     )
-    shared_dir: str | Path | None = Field(None, description="Working directory every node sees; default: the run's.")
-    python: str = Field(sys.executable, description="Python on the nodes that runs torchrun.")
+    shared_dir: Annotated[str | Path | None, OneLine] = Field(
+        None, description="Working directory every node sees; default: the run's."
+    )
+    python: Annotated[str, OneLine] = Field(sys.executable, description="Python on the nodes that runs torchrun.")
     threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
     poll_s: float = Field(0.5, description="Seconds between job state polls.")
-    slurm_conf: str | Path | None = Field(
+    slurm_conf: Annotated[str | Path | None, OneLine] = Field(
         None, description="The cluster's slurm.conf (SLURM_CONF for every SLURM command and job); default: the "
         "SLURM tools' own. scripts/services/slurm-cluster.sh's multi-node cluster: /etc/slurm-multi/slurm.conf."
     )
@@ -128,22 +136,22 @@ class SlurmOptions(PlacementOptions):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _time_limit(cls, v: Any) -> Any:
-        if not _TIME_RE.match(str(v)):
-            raise ValueError(f"expected minutes or [D-]HH:MM:SS, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, str | int) or not _TIME_RE.fullmatch(str(v)):
+            raise ValueError(f"expected minutes or [D-]HH:MM:SS, got {excerpt(v)}")
         return v
 
     @field_validator("slurm_conf")
     @classmethod
     def _conf(cls, v: str | Path | None) -> str | Path | None:
         if v is not None and not Path(v).is_file():
-            raise ValueError(f"{v} is not a file (start the cluster, e.g. scripts/services/slurm-cluster.sh)")
+            raise ValueError(f"{clip(str(v))} is not a file (start the cluster: scripts/services/slurm-cluster.sh)")
         return v
 
     @field_validator("network_interface")
     @classmethod
     def _ifname(cls, v: str | None) -> str | None:
-        if v is not None and not _IFNAME_RE.match(v):
-            raise ValueError(f"expected an interface name such as eth0 (or a comma-separated list), got {v!r}")
+        if v is not None and not _IFNAME_RE.fullmatch(v):
+            raise ValueError(f"expected an interface name such as eth0 (or a comma-separated list), got {excerpt(v)}")
         return v
 
 
@@ -233,9 +241,9 @@ class SlurmProvider(Provider):
         directives = [
             _job_name(job),
             *self._resources(),
-            f"--output={job.log_path.resolve()}",
+            f"--output={_directive_value('the job log path', str(job.log_path.resolve()))}",
             "--open-mode=append",
-            f"--comment={_COMMENT}{Launcher.this().tag()}",
+            f"--comment={_directive_value('the launcher tag', _COMMENT + Launcher.this().tag())}",
         ]
         lines = [
             "#!/bin/bash",
@@ -430,7 +438,21 @@ class SlurmProvider(Provider):
 
 
 def _job_name(job: Job) -> str:
-    return f"--job-name=ddlbench-{job.module.rsplit('.', 1)[-1]}"
+    name = f"ddlbench-{job.module.rsplit('.', 1)[-1]}"
+    if not SLURM_NAME.fullmatch(name):
+        raise ProviderError(f"slurm: job module {excerpt(job.module)} does not make a SLURM job name")
+    return f"--job-name={name}"
+
+
+def _directive_value(what: str, value: str) -> str:
+    """`value` as sbatch reads it on an #SBATCH line: that line is the value's only line, so a
+    line break is refused (it would end the directives and start a command); sbatch splits
+    at white space outside double quotes and reads backslashes and quotes its own way, so those
+    are refused and white space is quoted."""
+    if re.search(r'[\x00-\x1f\x7f"\'\\]', value):
+        raise ProviderError(f"slurm: {what} holds a line break, a control character, a quote or a backslash: "
+                            f"{excerpt(value)}")
+    return f'"{value}"' if re.search(r"[\s#]", value) else value
 
 
 def _echo_new(path: Path, offset: int, echo: bool) -> int:

@@ -8,26 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from pipelines.cli_compare import compare
 
 
-def _overrides(values: tuple[str, ...]) -> dict[str, Any]:
-    """`--set a.b=VALUE` pairs; VALUE is read as YAML (numbers, lists, booleans)."""
-    out = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
-        out[key.strip()] = yaml.safe_load(raw)
-    return out
+class SpecRefused(click.ClickException):
+    """A spec or `--set` value refused: its one-line reasons, exit 2 (as click's usage errors)."""
+
+    exit_code = 2
 
 
 def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str | None, sets: tuple[str, ...]) -> None:
     from rich.console import Console
 
-    from pipelines.spec import SpecError
+    from pipelines.spec_load import parse_set
     from pipelines.stages import STAGES
     from training.config import ConfigError
 
@@ -37,10 +31,10 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
     first, *rest = STAGES
     try:
         ctx = first.run(
-            str(spec), run_key=run_key, home=str(home) if home else None, overrides=_overrides(sets) or None
+            str(spec), run_key=run_key, home=str(home) if home else None, overrides=parse_set(sets) or None
         )
-    except (SpecError, ConfigError) as err:
-        raise click.UsageError(str(err)) from None
+    except ConfigError as err:  # SpecError too
+        raise SpecRefused(str(err)) from None
     console.print(
         f"run [bold]{ctx.run_key}[/] in {ctx.run_dir}  (MLflow {ctx.tracking_uri}, experiment {ctx.experiment})"
     )

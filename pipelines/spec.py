@@ -10,7 +10,6 @@ live in pipelines/spec_sections.py.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -21,6 +20,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from modelling.units import parse_rate
+from pipelines.spec_load import SpecError, check_overrides, format_spec_error, load_file, merge_overrides, one_error
 from pipelines.spec_sections import (
     GRID_FIELDS,
     AlgorithmSpec,
@@ -35,36 +35,17 @@ from pipelines.spec_sections import (
     WhatIfSpec,
     Workload,
 )
-from training.config import Comm, ConfigError, build_config, format_validation_error, load_yaml
+from training.config import Comm, ConfigError, TrainConfig
 
 __all__ = [
-    "SPEC_VERSION",
-    "AlgorithmSpec",
-    "BenchSpec",
-    "MicrobenchSpec",
-    "NetworkSpec",
-    "ProfileSpec",
-    "ProviderSpec",
-    "RegressionSpec",
-    "SpecError",
-    "Suite",
-    "TrackingSpec",
-    "WhatIfSpec",
-    "Workload",
-    "config_key",
-    "config_of",
-    "flatten",
-    "grid",
-    "load_spec",
-    "parse_rate",
-    "validate_spec",
+    "SPEC_VERSION", "AlgorithmSpec", "BenchSpec", "MicrobenchSpec", "NetworkSpec", "ProfileSpec", "ProviderSpec",
+    "RegressionSpec", "SpecError", "Suite", "TrackingSpec", "WhatIfSpec", "Workload", "config_key", "config_of",
+    "flatten", "grid", "load_spec", "parse_rate", "validate_spec",
 ]
 
 SPEC_VERSION = 1
-
-
-class SpecError(ConfigError):
-    """The spec is wrong; the message names the field and the bad value."""
+# Training configs one spec may ask for (before repeats): bounds the time a spec takes to load.
+MAX_GRID_CONFIGS = 1024
 
 
 class BenchSpec(Section):
@@ -138,6 +119,12 @@ class BenchSpec(Section):
     def _check(self) -> BenchSpec:
         if (self.steps is None) == (self.epochs is None):
             raise ValueError("steps/epochs: give exactly one of them")
+        configs = len(self.workloads) * len(self.algorithms) * len(self.workers) * len(self.batch_sizes)
+        if configs > MAX_GRID_CONFIGS:
+            raise ValueError(
+                f"workloads x algorithms x workers x batch_sizes: {configs} training configs, more than the "
+                f"{MAX_GRID_CONFIGS} a spec may ask for"
+            )
         labels = [a.label + str(sorted(a.options.items())) for a in self.algorithms]
         if len(set(labels)) != len(labels):
             raise ValueError("algorithms: the same algorithm and comm is listed twice with the same options")
@@ -227,28 +214,15 @@ def grid(spec: BenchSpec) -> list[dict[str, Any]]:
             if getattr(wl, opt) is not None:
                 values[opt] = getattr(wl, opt)
         source = f"spec.algorithms[{ai}]" if algo.options else "spec.train"
-        cfg = build_config(values, f"{source} (workloads[{wi}], workers={workers}, batch={batch})")
+        try:
+            cfg = TrainConfig(**values)
+        except ValidationError as err:
+            where = f"{source} (workloads[{wi}], workers={workers}, batch={batch})"
+            raise SpecError(format_spec_error(err, where)) from None
         for repeat in range(spec.repeats):
             key = config_key(wl, algo, workers, batch, repeat, variant=ai - variant or None)
             entries.append({"key": key, "config": {**cfg.model_dump(mode="json"), "seed": repeat}, "repeat": repeat})
     return entries
-
-
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge overrides; a dotted key ('regression.throughput_drop') reaches into sections."""
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        node = out
-        *parents, leaf = str(key).split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise SpecError(f"overrides.{key}: {p} is not a section")
-        if isinstance(value, dict) and isinstance(node.get(leaf), dict):
-            node[leaf] = _merge(node[leaf], value)
-        else:
-            node[leaf] = value
-    return out
 
 
 def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
@@ -256,15 +230,21 @@ def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
     try:
         spec = BenchSpec(**values)
     except ValidationError as err:
-        raise SpecError(format_validation_error(err, source)) from None
+        raise SpecError(format_spec_error(err, source)) from None
     except TypeError as err:
-        raise SpecError(f"{source}: {err}") from None
+        raise SpecError(one_error([f"{source}: {err}"])) from None
+    from pipelines.tracking import mask_secrets
+
+    # A spec lands in MLflow params, artifacts and the run directory: it may hold no password.
+    if held := [k for k, v in flatten(spec.model_dump(mode="json")).items() if mask_secrets(v) != v]:
+        raise SpecError(f"{source}.{held[0]}: holds a password or token; the deployment gives credentials "
+                        "through the environment (MLFLOW_TRACKING_URI, a kubeconfig), never a spec")
     try:
         entries = grid(spec)
     except ConfigError as err:
         raise SpecError(str(err)) from None
     if problems := placement_problems(spec, entries, source):
-        raise SpecError("\n".join(problems))
+        raise SpecError(one_error(problems))
     return spec
 
 
@@ -299,14 +279,12 @@ def placement_problems(spec: BenchSpec, entries: list[dict[str, Any]], source: s
 
 
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> BenchSpec:
-    """Read, merge overrides (e.g. Airflow Params) and validate a spec file."""
+    """Read a spec file within pipelines/spec_load.py's limits, merge overrides (Airflow Params,
+    `--set`; the same limits) and validate it."""
     path = Path(path)
-    try:
-        values = load_yaml(path)
-    except ConfigError as err:
-        raise SpecError(str(err)) from None
+    values = load_file(path, BenchSpec.model_fields)
     if overrides:
-        values = _merge(values, {str(k).replace("-", "_"): v for k, v in overrides.items()})
+        values = merge_overrides(values, check_overrides(overrides))
     return validate_spec(values, source=path.name)
 
 

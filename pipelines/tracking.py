@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from pipelines.context import STATUS
 from pipelines.journal import Journal, now_ms, owner, owner_alive
@@ -39,6 +39,9 @@ class Tracker:
         self, run_dir: Path, tracking_uri: str, experiment: str, run_key: str, artifact_root: Path | None = None
     ) -> None:
         self.run_dir = Path(run_dir)
+        if mask_uri(tracking_uri) != tracking_uri:
+            # MLflow prints a link to every run it ends, the URI's password in it, to stdout (the task log)
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.journal = Journal(self.run_dir)
         self.tracking_uri = tracking_uri
         self.run_key = run_key
@@ -80,7 +83,7 @@ class Tracker:
                 "node": node,
                 "parent": parent,
                 "name": name,
-                "tags": {k: str(v) for k, v in (tags or {}).items()},
+                "tags": {k: mask_secrets(str(v)) for k, v in (tags or {}).items()},
                 "ts": now_ms(),
                 "owner": {"pipeline": self.run_key} if owned_by_pipeline else owner(),
             }
@@ -90,7 +93,8 @@ class Tracker:
         self._write({"op": "end_run", "node": node, "status": status, "ts": now_ms()})
 
     def log_params(self, node: str, params: dict[str, Any]) -> None:
-        self._write({"op": "params", "node": node, "params": {k: str(v)[:_PARAM_MAX] for k, v in params.items()}})
+        masked = {k: mask_secrets(str(v))[:_PARAM_MAX] for k, v in params.items()}
+        self._write({"op": "params", "node": node, "params": masked})
 
     def log_metrics(self, node: str, metrics: dict[str, float | None], step: int = 0) -> None:
         ts = now_ms()
@@ -103,7 +107,7 @@ class Tracker:
             self._write({"op": "metrics", "node": node, "metrics": rows})
 
     def set_tags(self, node: str, tags: dict[str, Any]) -> None:
-        self._write({"op": "tags", "node": node, "tags": {k: str(v) for k, v in tags.items()}})
+        self._write({"op": "tags", "node": node, "tags": {k: mask_secrets(str(v)) for k, v in tags.items()}})
 
     def log_artifact(self, node: str, path: Path, artifact_path: str | None = None) -> None:
         self._write({"op": "artifact", "node": node, "path": self._rel(path), "artifact_path": artifact_path})
@@ -222,7 +226,7 @@ class Tracker:
     def _went_down(self, err: Exception) -> None:
         """Stop trying for a while; the journal keeps everything for the next flush or sync."""
         self._down_until = time.monotonic() + _RETRY_AFTER_S
-        self.last_error = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+        self.last_error = f"{type(err).__name__}: {mask_secrets((str(err).splitlines() or [''])[0])[:300]}"
         log.warning(
             "MLflow unavailable (%s); journaling to %s, run `ddlbench sync` later",
             self.last_error,
@@ -231,22 +235,32 @@ class Tracker:
 
     def _reject(self, entry: dict[str, Any], err: Exception) -> None:
         """MLflow refused this entry's content (not its availability): set it aside, go on."""
-        log.warning("MLflow rejected a journal entry (%s); kept in journal.rejected.jsonl", err)
+        error = mask_secrets(str(err))[:1000]
+        log.warning("MLflow rejected a journal entry (%s); kept in journal.rejected.jsonl", error[:300])
         with open(self.run_dir / "journal.rejected.jsonl", "a") as f:
-            f.write(json.dumps({"entry": entry, "error": str(err)[:1000]}, default=str) + "\n")
+            f.write(json.dumps({"entry": entry, "error": error}, default=str) + "\n")
 
 
 _TRACKERS: dict[str, Tracker] = {}
 _MASK = "***"
 
 
+# user:password@ of any URL (up to the last '@' of its authority), and password-like
+# query or keyword values (?password=..., sslpassword=..., token=...).
+_URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^:/@\s]*):[^\s/]*@")
+_SECRET_VALUE = re.compile(r"(?i)\b([a-z_]*(?:password|passwd|pwd|token|secret))=([^&\s;,'\"]+)")
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with every URL's password and every password-like `key=value` masked: what params,
+    tags, the run directory and logs hold of a tracking or database URI."""
+    text = _URL_CREDENTIALS.sub(lambda m: f"{m[1]}{m[2]}:{_MASK}@", text)
+    return _SECRET_VALUE.sub(lambda m: f"{m[1]}={_MASK}", text)
+
+
 def mask_uri(uri: str) -> str:
     """The tracking URI without its password: what ctx.json, XCom and logs may hold."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = f"{parts.username}:{_MASK}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return mask_secrets(uri)
 
 
 def resolve_uri(stored: str) -> str:

@@ -37,7 +37,9 @@ ONBOARDING_FORM = {"hardware_label": "box-a", "provider": "local", "nodes": 1, "
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServices]:
-    with AirflowServices(tmp_path_factory.mktemp("scheduler"), DEPLOYMENT) as af:
+    # Each test's home lies under pytest's base temp: the deployment's home root (pipelines/trigger.py).
+    home_root = {"DDLBENCH_HOME_ROOT": str(tmp_path_factory.getbasetemp())}
+    with AirflowServices(tmp_path_factory.mktemp("scheduler"), DEPLOYMENT | home_root) as af:
         for dag_id in ("ddlbench_nightly", "ddlbench_hardware_onboarding"):
             assert af.wait_for_dag(dag_id)["is_paused"] is True  # as a new deployment has them
             af.unpause(dag_id)
@@ -227,3 +229,32 @@ def test_sigkill_of_a_task_process_running_train_leaves_no_process_and_no_runnin
     assert all(r.info.status != "RUNNING" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
     (trained,) = [r for r in runs if "ddlbench.config_key" in r.data.tags]
     assert trained.info.status == "FAILED"
+
+
+@pytest.mark.timeout(900)
+def test_a_hostile_trigger_is_refused_at_start(airflow: AirflowServices, tmp_path: Path) -> None:
+    """The nightly triggered through the REST API with a spec path outside the deployment's spec
+    directories, and with overrides that would add a command to the SLURM batch script: each run
+    fails at `start` naming the Param or field, nothing after it runs, no MLflow run or run
+    directory exists, the command never ran, and the task log holds none of the file."""
+    pwned = tmp_path / "pwned"
+    hostile = {"provider.name": "slurm", "provider.options.partition": f"debug\necho PWNED > {pwned}",
+               "provider.options.account": f"acct\ntouch {pwned}"}
+    cases = [({"spec_path": "/etc/shadow", "overrides": hostile}, "spec_path: '/etc/shadow' is outside"),
+             ({"spec_path": str(SMOKE), "overrides": hostile},
+              "overrides.provider.options.partition: only the deployment sets it")]
+    for i, (conf, expected) in enumerate(cases):
+        home = tmp_path / f"home{i}"
+        run, tis, _, _ = _run(airflow, "ddlbench_nightly", conf, home, timeout_s=300)
+        states = _states(tis)
+        assert run["state"] == "failed" and states["start"] == "failed", states
+        assert not {s for t, s in states.items() if t != "start"} & {"success", "running", "failed"}, states
+        log = airflow.task_log("ddlbench_nightly", run["dag_run_id"], "start")
+        assert expected in log, log[-3000:]
+        try:  # the issue's file, where this test's user may read it
+            shadow = Path("/etc/shadow").read_text().splitlines()
+        except OSError:
+            shadow = []
+        assert not [line for line in shadow if line.strip() and line in log]
+        assert not home.exists()  # no run directory and no MLflow store: no MLflow run at all, none RUNNING
+    assert not pwned.exists()

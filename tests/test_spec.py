@@ -149,7 +149,7 @@ def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
         load_spec(broken)
     listing = tmp_path / "list.yaml"
     listing.write_text("- 1\n- 2\n")
-    with pytest.raises(SpecError, match="list.yaml: expected a mapping"):
+    with pytest.raises(SpecError, match="list.yaml: not a ddlbench spec: expected a YAML mapping of spec fields"):
         load_spec(listing)
 
 

@@ -18,6 +18,7 @@ from pipelines.preflight import preflight
 from pipelines.spec import BenchSpec, SpecError, flatten, grid, load_spec
 from pipelines.stages.runner import cluster, cluster_handle, provider, run_once, run_tags, tracker, write_json
 from pipelines.tracking import PARENT, Tracker, mask_uri
+from pipelines.trigger import check_trigger
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -73,7 +74,10 @@ def start(
     airflow: dict | None = None,
 ) -> RunContext:
     """Validate the spec (+ overrides) and check every job of it (pipelines/preflight.py), make
-    the run dir, open or find the parent MLflow run."""
+    the run dir, open or find the parent MLflow run. A run from Airflow (`airflow` given) first
+    keeps to what a trigger may choose (pipelines/trigger.py), before any file is read."""
+    if airflow is not None:
+        check_trigger(spec_path, home, overrides)
     spec = load_spec(spec_path, overrides)
     home_dir = Path(home).expanduser().resolve() if home else default_home().resolve()
     entries = grid(spec)
