@@ -77,3 +77,8 @@ for _ in $(seq 1 50); do
   sleep 0.2
 done
 sinfo -h -N -o "slurm: node %N %t, %c cpus" || true
+scontrol ping 2>/dev/null | grep -q UP || { echo "slurm.sh: slurmctld does not answer (logs: /var/log/slurm)" >&2; exit 1; }
+case "$state" in
+  idle*|mix*|alloc*) ;;
+  *) echo "slurm.sh: node $host is '${state:-unknown}', not accepting jobs (logs: /var/log/slurm)" >&2; exit 1 ;;
+esac
