@@ -11,12 +11,21 @@ stay green.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from functools import cache
 
 import pytest
 
 ServiceCheck = Callable[[], str | None]
+
+
+def free_port() -> int:
+    """A TCP port the OS has free now, for a rendezvous a test starts itself: a fixed port clashes
+    with a parallel run or a test of the same session still closing."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def in_ci() -> bool:
