@@ -3,6 +3,12 @@
 # + slurmd on this host, one partition. Idempotent: when the daemons already
 # answer, it only makes sure the node accepts jobs (about a second).
 set -euo pipefail
+# The daemons started here must not inherit the caller's descriptors: one started under
+# `flock /tmp/ddlbench-cluster.lock` would hold the cluster lock for as long as it runs.
+for fd in /proc/$$/fd/*; do
+  fd=${fd##*/}
+  case "$fd" in 0|1|2|255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
+done
 
 need_pkgs=()
 for cmd in munged slurmctld slurmd sbatch; do
