@@ -28,7 +28,8 @@ from pipelines.mlflow_upload import Uploader, groups, is_rejection
 log = logging.getLogger(__name__)
 
 PARENT = "pipeline"
-_RETRY_AFTER_S = 300.0
+# How long a store that failed is left alone before the next upload tries it again.
+_RETRY_AFTER_S = float(os.environ.get("DDLBENCH_MLFLOW_RETRY_S", "300"))
 _PARAM_MAX = 6000
 
 

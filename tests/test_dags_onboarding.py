@@ -1,6 +1,7 @@
 """`ddlbench_hardware_onboarding` end to end through the CLI (`airflow dags test`), the way
 scripts/main.sh runs a DAG, with both Airflow's metadata and MLflow's store on PostgreSQL
-when one is reachable (CI starts it with scripts/services/postgres.sh), else on SQLite.
+when one is reachable (CI starts it with scripts/services/postgres.sh), else on SQLite; the
+PostgreSQL test then skips, or under CI=true fails naming the service (tests/conftest.py).
 
 Runs in a subprocess: Airflow reads its database settings once per process.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from pipelines.tracking import mask_uri
+from tests.conftest import needs_service, require_service
 
 REPO = Path(__file__).resolve().parent.parent
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
@@ -44,18 +46,26 @@ def _pg_admin() -> Any | None:
     return conn
 
 
+def _postgres_why_not() -> str | None:
+    """Why the onboarding run cannot use PostgreSQL, or None when it can."""
+    # Airflow 3 opens PostgreSQL through an async driver too (postgresql+asyncpg).
+    if find_spec("asyncpg") is None:
+        return "asyncpg, which Airflow 3 needs for PostgreSQL, is not installed"
+    admin = _pg_admin()
+    if admin is None:
+        return f"no PostgreSQL on {PG['host']}:{PG['port']} (CI starts one: scripts/services/postgres.sh)"
+    admin.close()
+    return None
+
+
 @pytest.fixture(scope="module")
 def stores() -> Iterator[dict[str, str]]:
     """SQLAlchemy URIs of Airflow's metadata DB and MLflow's store: throwaway PostgreSQL
     databases when the server is up; else none (SQLite in the run's home) and why."""
-    # Airflow 3 opens PostgreSQL through an async driver too (postgresql+asyncpg).
-    if find_spec("asyncpg") is None:
-        yield {"backend": "sqlite", "why": "asyncpg, which Airflow 3 needs for PostgreSQL, is not installed"}
-        return
-    admin = _pg_admin()
+    why_not = _postgres_why_not()
+    admin = _pg_admin() if why_not is None else None
     if admin is None:
-        yield {"backend": "sqlite", "why": "no PostgreSQL on 127.0.0.1:5432 (CI starts one: "
-                                           "scripts/services/postgres.sh)"}
+        yield {"backend": "sqlite", "why": why_not or "PostgreSQL stopped answering"}
         return
     suffix = uuid.uuid4().hex[:8]
     names = {"airflow": f"ddlbench_t{suffix}_airflow", "mlflow": f"ddlbench_t{suffix}_mlflow"}
@@ -156,9 +166,10 @@ def test_onboarding_runs_end_to_end(onboarding: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@needs_service("PostgreSQL", _postgres_why_not)
 def test_onboarding_ran_with_both_stores_on_postgresql(onboarding: dict[str, Any]) -> None:
-    if onboarding["backend"] != "postgresql":
-        pytest.skip(onboarding["why"])
+    # The mark asked before the run; a server that stopped answering since fails or skips here.
+    require_service("PostgreSQL", onboarding.get("why"))
     assert onboarding["airflow_db"].startswith("postgresql")
     assert onboarding["ctx"]["tracking_uri"].startswith("postgresql")
     assert ":***@" in onboarding["ctx"]["tracking_uri"]  # no password in ctx.json or XCom

@@ -27,6 +27,7 @@ from kubernetes import client
 from infra import Job, ProviderError, get_provider
 from infra.base import base_env
 from infra.kubernetes import JOB_LABEL, LAUNCHER_ANNOTATION, LAUNCHER_PID_LABEL, KubernetesProvider
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = Path(__file__).resolve().parent.parent / "infra" / "deploy" / "kubernetes"
@@ -286,7 +287,8 @@ def test_option_errors(tmp_path):
 def test_a_placement_with_different_ranks_per_pod_runs_its_agents_with_the_roles_kept(tmp_path):
     """2 workers + 1 colocated shard on 2 pods: pod 0 runs worker 0 and the shard (two torchrun
     agents), pod 1 worker 1. Each pod's command runs here for real (torchrun over loopback)."""
-    provider = KubernetesProvider(nodes=2, gpus_per_node=1, python=sys.executable, master_port=29761)
+    provider = KubernetesProvider(nodes=2, gpus_per_node=1, python=sys.executable,
+                                  master_port=free_port())
     job = Job("tests.rank_probe", [str(tmp_path)], world_size=3, servers=1, log_path=tmp_path / "log")
     _, k8s_job = provider.objects(job, "probe")
     pod = k8s_job["spec"]["template"]["spec"]

@@ -20,13 +20,16 @@ from infra import Job, ProviderError, get_provider
 from infra.netns import parse_bandwidth
 from infra.placement import Placement
 from infra.slurm import SlurmProvider, controller_up
+from tests.conftest import needs_service
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_slurm = pytest.mark.skipif(
-    not controller_up(),
-    reason="slurmctld is not running (CI starts it with scripts/services/slurm.sh)",
-)
 MULTI_CONF = Path("/etc/slurm-multi/slurm.conf")
+
+
+def _single_why_not() -> str | None:
+    if controller_up():
+        return None
+    return "slurmctld does not answer `scontrol ping` (CI starts it with scripts/services/slurm.sh)"
 
 
 def _multi_cluster() -> tuple[int, int] | None:
@@ -37,13 +40,16 @@ def _multi_cluster() -> tuple[int, int] | None:
     return (int(m.group(1)), parse_bandwidth(m.group(2))) if m else None
 
 
-MULTI = _multi_cluster()
-needs_multi = pytest.mark.skipif(
-    MULTI is None or MULTI[0] < 2,
-    reason="the multi-node SLURM cluster is not running (CI starts it with scripts/services/slurm-cluster.sh)",
-)
+def _multi_why_not() -> str | None:
+    found = _multi_cluster()
+    if found is not None and found[0] >= 2:
+        return None
+    what = "has fewer than 2 nodes" if found else f"does not answer `scontrol ping` ({MULTI_CONF})"
+    return f"the multi-node cluster {what} (CI starts it with scripts/services/slurm-cluster.sh)"
 
 
+needs_slurm = needs_service("SLURM (single-node)", _single_why_not)
+needs_multi = needs_service("SLURM (multi-node)", _multi_why_not)
 def _multi_provider(**options) -> SlurmProvider:
     return SlurmProvider(nodes=2, time_limit="10", slurm_conf=str(MULTI_CONF), network_interface="eth0", **options)
 
@@ -347,7 +353,7 @@ def _mlp_config(**overrides):
 
 
 def _assert_paced_by_the_link(summary: dict, what: str) -> None:
-    bound = _link_bound_s(summary, MULTI[1])
+    bound = _link_bound_s(summary, _multi_cluster()[1])
     measured = summary["iter_time_s"]["p50"]
     print(f"{what}: iteration p50 {measured:.3f} s, link bound {bound:.3f} s, ratio {measured / bound:.2f}")
     assert bound > 0.1  # the test measures the link, not loopback: MBs a step on a shaped link

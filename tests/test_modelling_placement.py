@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from modelling.scenario import Scenario
 from tests.test_modelling_fit import SIZES, synthetic_comm
 from tests.test_modelling_predict import layer_table
 from training.summary import shared_paces, worker_paces
+
+REPO = Path(__file__).resolve().parent.parent
 
 ALPHA, BETA = 50e-6, 8e-9  # a 1 Gbit/s link: 8 ns per byte
 LINK = 1 / BETA
@@ -307,7 +310,7 @@ def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, e
     from pipelines.stages.model import _placements, _predictions
     from pipelines.stages.runner import workload_dir
 
-    values = yaml.safe_load(open("specs/smoke.yaml"))
+    values = yaml.safe_load((REPO / "specs" / "smoke.yaml").read_text())
     values["provider"] = {"name": "netns", "options": {"nodes": 3, "bandwidth": "1gbit", "placement": policy}}
     values["network"] = {"link_bandwidth": "1gbit"}
     values["algorithms"] = [{"name": "ssgd", "comm": "ps"}]

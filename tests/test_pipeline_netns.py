@@ -1,11 +1,14 @@
-"""`specs/nightly-cpu.yaml` on a netns cluster of 2 and of 3 nodes through `ddlbench run`: every
-configuration of the grid (5 algorithms x 2 models x 2 and 4 workers, and the 1-worker baselines)
-to FINISHED, on one cluster that provision made and teardown removed, reduced in steps, repeats,
-microbenchmark and profile.
+"""`specs/nightly-cpu.yaml` on a netns cluster through `ddlbench run`, reduced in steps, repeats,
+microbenchmark and profile, on one cluster that provision made and teardown removed.
 
-Too slow for CI on a 2-core machine (22 jobs each: 30 min for 2 nodes here, loaded), so it runs
-when DDLBENCH_NIGHTLY_NETNS=1; CI runs the nightly DAG on a 2-node cluster with one model at 2
-workers instead (tests/test_dags.py).
+- In CI: one model (mlp on digits, communication-bound), two algorithms (SSGD over allreduce,
+  OD-SGD over a parameter server), 2 workers on 2 nodes (about a minute here, loaded).
+- Opt-in, DDLBENCH_NIGHTLY_NETNS=1: the whole grid (5 algorithms x 2 models x 2 and 4 workers,
+  and the 1-worker baselines) on 2 and on 3 nodes. Too slow for CI on a 2-core machine (22 jobs
+  each: 30 min for 2 nodes here, loaded).
+
+Needs root for the namespaces: outside CI it skips without, under CI=true it fails
+(tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.conftest import needs_service
 
 REPO = Path(__file__).resolve().parent.parent
 NIGHTLY_CPU = REPO / "specs" / "nightly-cpu.yaml"
@@ -24,15 +30,24 @@ NIGHTLY_CPU = REPO / "specs" / "nightly-cpu.yaml"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.netns,
-    pytest.mark.skipif(os.geteuid() != 0, reason="netns tests need root (network namespaces)"),
+    needs_service("network namespaces (root)",
+                  lambda: None if os.geteuid() == 0 else "netns tests need root (network namespaces)"),
+]
+full_grid = [
     pytest.mark.skipif(os.environ.get("DDLBENCH_NIGHTLY_NETNS") != "1",
-                       reason="the whole nightly grid on netns: set DDLBENCH_NIGHTLY_NETNS=1"),
+                       reason="opt-in: the whole nightly grid on netns runs with DDLBENCH_NIGHTLY_NETNS=1"),
     pytest.mark.timeout(3600),
 ]
 
 REDUCED = [
     "steps=12", "repeats=1", "train.measure_warmup=2", "train.eval_every=0", "microbench.sizes=[4096,65536,1048576]",
     "microbench.repeats=1", "profile.warmup=1", "profile.repeats=2", "tracking.system_metrics=false",
+]
+# The CI cut of the grid: the communication-bound model, the allreduce and the PS family.
+CI_CUT = [
+    "workloads=[{model: mlp, dataset: digits}]",
+    "algorithms=[{name: ssgd, comm: allreduce, options: {overlap: true, bucket_mb: 25}}, {name: odsgd}]",
+    "workers=[2]",
 ]
 
 
@@ -41,30 +56,32 @@ def _namespaces() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-@pytest.mark.parametrize("nodes", [2, 3])
-def test_nightly_cpu_runs_every_configuration_on_a_netns_cluster(tmp_path: Path, nodes: int) -> None:
+def _run_nightly(home: Path, nodes: int, extra: list[str]) -> tuple[Path, dict[str, Any], list[str]]:
+    """`ddlbench run` of the nightly spec on a netns cluster of `nodes`: the run's directory, its
+    cluster handle and the grid's keys; asserts it exited 0, made `nodes` nodes, removed them and
+    trained every key of the grid to FINISHED."""
     from mlflow import MlflowClient
 
     from pipelines.spec import grid, load_spec
 
     sets = [f"provider.options={{nodes: {nodes}, bandwidth: 1gbit}}", "provider.name=netns",
-            "network.link_bandwidth=1gbit", *REDUCED]
+            "network.link_bandwidth=1gbit", *REDUCED, *extra]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     done = subprocess.run(
-        [str(Path(sys.executable).with_name("ddlbench")), "run", str(NIGHTLY_CPU), "--home", str(tmp_path),
+        [str(Path(sys.executable).with_name("ddlbench")), "run", str(NIGHTLY_CPU), "--home", str(home),
          "--run-key", "nightly-netns", *(a for s in sets for a in ("--set", s))],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=3500,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    run_dir = tmp_path / "runs" / "nightly-netns"
+    run_dir = home / "runs" / "nightly-netns"
     handle = json.loads((run_dir / "cluster.json").read_text())["handle"]
     assert len(handle["nodes"]) == nodes
     assert not {n for n in _namespaces() if handle["tag"] in n}  # torn down
 
-    overrides = {"provider.name": "netns", "provider.options": {"nodes": nodes, "bandwidth": "1gbit"}}
-    keys = [e["key"] for e in grid(load_spec(NIGHTLY_CPU, overrides | {"repeats": 1}))]
-    assert len(keys) == 22  # 5 algorithms x 2 models x 2 and 4 workers, and each model's 1-worker baseline
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    from pipelines.cli_pipeline import _overrides
+
+    keys = [e["key"] for e in grid(load_spec(NIGHTLY_CPU, _overrides(tuple(sets))))]
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     exp = client.get_experiment_by_name("ddlbench-nightly")
     runs = client.search_runs([exp.experiment_id], max_results=1000)
     trained = {r.data.tags["ddlbench.config_key"]: r.info.status for r in runs if "ddlbench.config_key" in r.data.tags}
@@ -73,3 +90,22 @@ def test_nightly_cpu_runs_every_configuration_on_a_netns_cluster(tmp_path: Path,
     for key in keys:
         summary = json.loads((run_dir / "train" / key / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["placement"]["nodes"] == nodes, key
+    return run_dir, handle, keys
+
+
+@pytest.mark.timeout(600)
+def test_nightly_cut_runs_two_algorithms_across_two_netns_nodes(tmp_path: Path) -> None:
+    run_dir, _, keys = _run_nightly(tmp_path, 2, CI_CUT)
+    assert sorted(keys) == ["mlp-odsgd-ps-w2-b32-r0", "mlp-ssgd-allreduce-w2-b32-r0"]
+    for key in keys:
+        summary = json.loads((run_dir / "train" / key / "summary.json").read_text())
+        assert summary["steps"] == 12, key
+        # one worker a node: every step's gradients cross the shaped link
+        assert summary["placement"]["workers_per_node"] == [1, 1], key
+        assert summary["iter_time_s"]["p50"] > 0, key
+
+
+@pytest.mark.parametrize("nodes", [pytest.param(2, marks=full_grid), pytest.param(3, marks=full_grid)])
+def test_nightly_cpu_runs_every_configuration_on_a_netns_cluster(tmp_path: Path, nodes: int) -> None:
+    _, _, keys = _run_nightly(tmp_path, nodes, [])
+    assert len(keys) == 22  # 5 algorithms x 2 models x 2 and 4 workers, and each model's 1-worker baseline

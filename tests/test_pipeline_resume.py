@@ -1,13 +1,20 @@
-"""A step killed halfway, retried while the MLflow store is unavailable, then `ddlbench sync`:
-the retry completes the same MLflow runs, the pipeline goes on offline, and afterwards every
-metric the journal holds is in MLflow and no run is left RUNNING."""
+"""A step SIGKILLed halfway through its training job, retried while the MLflow store is
+unavailable, then `ddlbench sync`: the retry completes the same MLflow runs, the pipeline goes on
+offline, and afterwards every metric the journal holds is in MLflow and no run is left RUNNING.
+
+The module's scenario is read, never changed: a test that adds to a run's journal or store works
+on its own copy of both (`own_run`), so the tests pass in any order."""
 
 from __future__ import annotations
 
 import json
 import platform
+import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,23 +22,62 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.trainjobs import processes_under
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "smoke.yaml"
 KEY = "resume-offline"
-# Only the training step matters here: one config, no microbench or profile.
-OVERRIDES = {"algorithms": [{"name": "ssgd"}], "steps": 60, "microbench.enabled": False, "profile.enabled": False}
+STEPS = 200
+# Only the training step matters here: one config, no microbench or profile. 20 ms of sleep a
+# step gives the job a floor of 4 s whatever the machine's speed, so the SIGKILL, sent once the
+# first step is logged, lands mid-job.
+OVERRIDES = {"algorithms": [{"name": "ssgd"}], "steps": STEPS, "train.inject_delay_ms": 20,
+             "microbench.enabled": False, "profile.enabled": False}
 
-# The first attempt of the training step dies (no cleanup, as under SIGKILL) after it opened
-# its MLflow run and logged its params, before the job ran.
-DIE_HALFWAY = """
-import json, os, sys
+# The training step as Airflow's task runs it, in a process of its own: the test SIGKILLs it.
+TRAIN_STEP = """
+import json, sys
 from pipelines import steps
-steps._launch = lambda *a, **k: os._exit(3)
 ctx = json.loads(sys.argv[1])
 steps.train(ctx, steps.train_configs(ctx)[0])
 """
+
+
+def _logged_steps(metrics: Path) -> list[int]:
+    if not metrics.exists():
+        return []
+    steps = []
+    for line in metrics.read_text().splitlines():
+        try:
+            steps.append(json.loads(line)["step"])
+        except (json.JSONDecodeError, KeyError):
+            break  # a row being written
+    return steps
+
+
+def _sigkill_mid_job(ctx: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Run the training step in a process, SIGKILL it once its job logged a step; what was seen."""
+    step = subprocess.Popen([sys.executable, "-c", TRAIN_STEP, json.dumps(ctx)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _logged_steps(out / "metrics.jsonl"):
+            assert step.poll() is None, f"the step ended before it was killed: {step.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "the training job logged no step in 240 s"
+            time.sleep(0.05)
+        step.send_signal(signal.SIGKILL)
+        assert step.wait(10) == -signal.SIGKILL
+        # its torchrun agent and ranks follow it (infra/lifeline.py)
+        deadline = time.monotonic() + 15
+        while (left := processes_under(out)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return {"left": left, "logged": _logged_steps(out / "metrics.jsonl"),
+                "summary": (out / "summary.json").exists()}
+    finally:
+        step.kill()
+        step.wait()
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +100,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         node = f"train/{entry['key']}"
         client = MlflowClient(tracking_uri=uri)
 
-        died = subprocess.run(
-            [sys.executable, "-c", DIE_HALFWAY, json.dumps(ctx)], cwd=REPO, capture_output=True, text=True, timeout=300
-        )
-        assert died.returncode == 3, died.stderr[-2000:]
+        out["kill"] = _sigkill_mid_job(ctx, Path(ctx["run_dir"]) / "train" / entry["key"])
         first_id = json.loads((Path(ctx["run_dir"]) / "journal.state.json").read_text())["runs"][node]
         out["status_after_kill"] = client.get_run(first_id).info.status
 
@@ -71,6 +114,33 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         out["sync"] = CliRunner().invoke(cli, ["sync", ctx["run_dir"]])
         out.update(ctx=ctx, entry=entry, node=node, client=client, first_id=first_id, uri=uri)
         yield out
+
+
+@pytest.fixture
+def own_run(scenario: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A copy of the scenario's run directory and MLflow store, for a test that changes them:
+    the paths in ctx.json and the store's artifact locations point into the copy."""
+    from mlflow import MlflowClient
+
+    root = scenario["root"]
+    shutil.copytree(root / "home", tmp_path / "home")
+    shutil.copytree(root / "store", tmp_path / "store")
+    ctx_path = tmp_path / "home" / "runs" / KEY / "ctx.json"
+    ctx_path.write_text(ctx_path.read_text().replace(str(root), str(tmp_path)))
+    with sqlite3.connect(tmp_path / "store" / "mlflow.db") as db:
+        db.execute("UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)",
+                   (str(root), str(tmp_path)))
+        db.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (str(root), str(tmp_path)))
+    db.close()
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return {"ctx": json.loads(ctx_path.read_text()), "client": MlflowClient(tracking_uri=uri)}
+
+
+def test_the_kill_landed_mid_job_and_left_no_process(scenario: dict[str, Any]) -> None:
+    kill = scenario["kill"]
+    assert kill["left"] == []
+    assert kill["logged"] and max(kill["logged"]) < STEPS - 1 and not kill["summary"]
 
 
 @pytest.mark.faults
@@ -101,7 +171,7 @@ def test_sync_uploads_every_journaled_metric(scenario: dict[str, Any]) -> None:
         if e["op"] == "metrics":
             for m in e["metrics"]:
                 expected.setdefault((e["node"], m["key"]), {})[m["step"]] = m["value"]
-    assert len(expected[(scenario["node"], "train/loss")]) == 60
+    assert len(expected[(scenario["node"], "train/loss")]) == STEPS
     for (node, key), points in expected.items():
         got = {m.step: m.value for m in client.get_metric_history(runs[node], key)}
         assert got == pytest.approx(points), (node, key)
@@ -120,12 +190,12 @@ def test_retry_completed_the_same_runs_and_none_is_left_running(scenario: dict[s
     assert child.data.metrics["throughput_samples_per_s"] > 0
 
 
-def test_sync_marks_runs_of_dead_processes_failed(scenario: dict[str, Any]) -> None:
+def test_sync_marks_runs_of_dead_processes_failed(own_run: dict[str, Any]) -> None:
     """A step whose process died and that nobody retries: sync ends its run FAILED."""
     from pipelines import steps
     from pipelines.journal import Journal
 
-    ctx = scenario["ctx"]
+    ctx = own_run["ctx"]
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
     )
@@ -144,16 +214,16 @@ def test_sync_marks_runs_of_dead_processes_failed(scenario: dict[str, Any]) -> N
     res = steps.sync(ctx["run_dir"])
     assert res["orphans_failed"] == ["orphan"] and res["pending"] == 0
     orphan = journal.read_state()["runs"]["orphan"]
-    assert scenario["client"].get_run(orphan).info.status == "FAILED"
+    assert own_run["client"].get_run(orphan).info.status == "FAILED"
 
 
-def test_content_mlflow_refuses_is_set_aside_and_the_rest_uploaded(scenario: dict[str, Any]) -> None:
+def test_content_mlflow_refuses_is_set_aside_and_the_rest_uploaded(own_run: dict[str, Any]) -> None:
     """A param whose value changed is refused by MLflow (not a store outage): the entry goes to
     journal.rejected.jsonl and the entries after it still reach MLflow."""
     from pipelines import steps
     from pipelines.journal import Journal
 
-    ctx = scenario["ctx"]
+    ctx = own_run["ctx"]
     journal = Journal(Path(ctx["run_dir"]))
     journal.append({"op": "params", "node": "pipeline", "params": {"spec.repeats": "7"}})
     journal.append(
@@ -163,6 +233,6 @@ def test_content_mlflow_refuses_is_set_aside_and_the_rest_uploaded(scenario: dic
     assert res["pending"] == 0 and res["error"] is None
     rejected = [json.loads(line) for line in (Path(ctx["run_dir"]) / "journal.rejected.jsonl").open()]
     assert [r["entry"]["params"] for r in rejected] == [{"spec.repeats": "7"}]
-    parent = scenario["client"].get_run(journal.read_state()["runs"]["pipeline"])
+    parent = own_run["client"].get_run(journal.read_state()["runs"]["pipeline"])
     assert parent.data.params["spec.repeats"] == "1"
     assert parent.data.metrics["after_refusal"] == 1.5

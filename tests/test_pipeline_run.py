@@ -1,10 +1,15 @@
 """`ddlbench run` of the smoke spec end to end against a real SQLite MLflow store, read back
-through MlflowClient; the same run key twice; the regression check against the history."""
+through MlflowClient; the same run key twice; the regression check against the history.
+
+The module's run is read, never changed: a test that runs more into a home works on its own copy
+of it (`own_home`), so its counts are exact and the tests pass in any order."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +60,26 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "exp": exp.experiment_id,
         "stdout": proc.stdout,
     }
+
+
+@pytest.fixture
+def own_home(pipeline: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """A copy of the module run's home (run directory, MLflow store, artifacts) as `pipeline`
+    gives it, its paths (ctx.json, the steps' outputs, the store's artifact locations) in the copy."""
+    from mlflow import MlflowClient
+
+    old, home = pipeline["home"], tmp_path / "home"
+    shutil.copytree(old, home)
+    for path in (home / "runs").rglob("*.json"):
+        text = path.read_text()
+        if str(old) in text:
+            path.write_text(text.replace(str(old), str(home)))
+    with sqlite3.connect(home / "mlflow.db") as db:
+        db.execute("UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)", (str(old), str(home)))
+        db.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (str(old), str(home)))
+    db.close()
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    return {**pipeline, "home": home, "run_dir": home / "runs" / KEY, "client": client}
 
 
 def _runs(p: dict[str, Any], key: str = KEY) -> dict[str, Any]:
@@ -162,19 +187,19 @@ def test_step_runs_hold_model_artifacts_tables_and_plots(
     assert "## Regression check" in md and "prediction test" in md and "Result: **no-baseline**" in md
 
 
-def test_same_run_key_again_resumes_without_new_runs(pipeline: dict[str, Any]) -> None:
-    before = {n: r.info.run_id for n, r in _runs(pipeline).items()}
-    proc = _ddlbench("run", str(SMOKE), "--run-key", KEY, home=pipeline["home"])
+def test_same_run_key_again_resumes_without_new_runs(own_home: dict[str, Any]) -> None:
+    before = {n: r.info.run_id for n, r in _runs(own_home).items()}
+    proc = _ddlbench("run", str(SMOKE), "--run-key", KEY, home=own_home["home"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    after = _runs(pipeline)
+    after = _runs(own_home)
     assert {n: r.info.run_id for n, r in after.items()} == before
     assert {r.info.status for r in after.values()} == {"FINISHED"}
-    history = pipeline["client"].get_metric_history(after[f"train/{CONFIGS[0]}"].info.run_id, "train/loss")
+    history = own_home["client"].get_metric_history(after[f"train/{CONFIGS[0]}"].info.run_id, "train/loss")
     assert len(history) == SMOKE_STEPS
 
 
 def test_regression_check_finds_the_baseline_and_flags_a_drop(
-    pipeline: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    own_home: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A second run of the same spec finds the first as its history, too short for a statement;
     slowed copies of the same training runs (every repeat 40% slower) are flagged against the two
@@ -182,9 +207,9 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
     from pipelines import steps
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    home = str(pipeline["home"])
-    first = json.loads((pipeline["run_dir"] / "steps" / "validate.json").read_text())
-    trained = [json.loads((pipeline["run_dir"] / "steps" / "train" / f"{c}.json").read_text()) for c in CONFIGS]
+    home = str(own_home["home"])
+    first = json.loads((own_home["run_dir"] / "steps" / "validate.json").read_text())
+    trained = [json.loads((own_home["run_dir"] / "steps" / "train" / f"{c}.json").read_text()) for c in CONFIGS]
     ctx = steps.start(str(SMOKE), run_key="smoke-e2e-same", home=home)
     same = steps.report(ctx, trained, first)
     steps.finish(ctx)
@@ -205,30 +230,30 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
     assert {r["config"] for r in slowed["regressions"]} == {c.removesuffix("-r0") for c in CONFIGS}
     # two identical history runs: no spread, so the drop is certain
     assert all(r["change"] == pytest.approx(-0.4) and r["p_value"] == 0.0 for r in slowed["regressions"])
-    parent = _runs(pipeline, "smoke-e2e-slow")["pipeline"]
+    parent = _runs(own_home, "smoke-e2e-slow")["pipeline"]
     assert parent.data.tags["ddlbench.regression"] == "regressed"
 
 
 def test_training_runs_group_by_config_and_log_their_dataset(
-    pipeline: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    own_home: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The `ddlbench.config` tag (the config without its repeat index) groups a config's repeats
     in MLflow's runs table; every training run logs its data set as an MLflow dataset input."""
     from pipelines import steps
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    client = pipeline["client"]
-    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-repeat", home=str(pipeline["home"]), overrides={"repeats": 2})
+    client = own_home["client"]
+    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-repeat", home=str(own_home["home"]), overrides={"repeats": 2})
     entry = next(e for e in steps.train_configs(ctx) if e["key"] == "lenet5-ssgd-allreduce-w2-b32-r1")
     assert steps.train(ctx, entry)["status"] == "FINISHED"
     steps.finish(ctx)
-    group = client.search_runs([pipeline["exp"]], "tags.`ddlbench.config` = 'lenet5-ssgd-allreduce-w2-b32'")
+    group = client.search_runs([own_home["exp"]], "tags.`ddlbench.config` = 'lenet5-ssgd-allreduce-w2-b32'")
     assert sorted(r.data.tags["ddlbench.repeat"] for r in group) == ["0", "1"]
     assert {r.info.status for r in group} == {"FINISHED"}
     a, b = (r.data.params for r in group)
     assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == {"seed"}  # repeats differ by seed only
     digests = set()
-    for node, run in _runs(pipeline).items():
+    for node, run in _runs(own_home).items():
         if not node.startswith("train/"):
             continue
         assert run.data.tags["ddlbench.config"] == node.removeprefix("train/").removesuffix("-r0")

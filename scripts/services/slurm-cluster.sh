@@ -17,6 +17,12 @@
 # (its socket is a file, so it works across network namespaces). Idempotent: when the
 # cluster answers with its nodes up, it only makes sure they accept jobs.
 set -euo pipefail
+# The daemons started here must not inherit the caller's descriptors: one started under
+# `flock /tmp/ddlbench-cluster.lock` would hold the cluster lock for as long as it runs.
+for fd in /proc/$$/fd/*; do
+  fd=${fd##*/}
+  case "$fd" in 0|1|2|255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
+done
 
 action=${1:-start}
 nodes=${SLURM_CLUSTER_NODES:-2}

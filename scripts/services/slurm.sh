@@ -3,6 +3,12 @@
 # + slurmd on this host, one partition. Idempotent: when the daemons already
 # answer, it only makes sure the node accepts jobs (about a second).
 set -euo pipefail
+# The daemons started here must not inherit the caller's descriptors: one started under
+# `flock /tmp/ddlbench-cluster.lock` would hold the cluster lock for as long as it runs.
+for fd in /proc/$$/fd/*; do
+  fd=${fd##*/}
+  case "$fd" in 0|1|2|255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
+done
 
 need_pkgs=()
 for cmd in munged slurmctld slurmd sbatch; do
@@ -77,3 +83,8 @@ for _ in $(seq 1 50); do
   sleep 0.2
 done
 sinfo -h -N -o "slurm: node %N %t, %c cpus" || true
+scontrol ping 2>/dev/null | grep -q UP || { echo "slurm.sh: slurmctld does not answer (logs: /var/log/slurm)" >&2; exit 1; }
+case "$state" in
+  idle*|mix*|alloc*) ;;
+  *) echo "slurm.sh: node $host is '${state:-unknown}', not accepting jobs (logs: /var/log/slurm)" >&2; exit 1 ;;
+esac

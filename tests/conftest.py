@@ -1,0 +1,68 @@
+"""Suite-wide test plumbing: services CI starts, and what a test does when one does not answer.
+
+A test that needs a service (PostgreSQL, the SLURM clusters, root for network namespaces) is
+marked with `needs_service(name, check)`. Outside CI an absent service skips the test with its
+reason, so a developer's machine runs what it can. Under CI (`CI` set to true, as .ci/run and
+every hosted CI set it) the same test FAILS naming the service: CI starts every such service
+(.ci/run runs scripts/services/*.sh), so one that does not answer is a broken CI, not a reason to
+stay green.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from functools import cache
+
+import pytest
+
+ServiceCheck = Callable[[], str | None]
+
+
+def free_port() -> int:
+    """A TCP port the OS has free now, for a rendezvous a test starts itself: a fixed port clashes
+    with a parallel run or a test of the same session still closing."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's (CI=true/1/yes, the variable hosted CI runners and .ci/run set)."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def require_service(name: str, why_not: str | None) -> None:
+    """Return when `why_not` is None (the service answers); else skip, or fail under CI, naming it."""
+    if why_not is None:
+        return
+    if in_ci():
+        pytest.fail(f"CI=true and the {name} service does not answer: {why_not}", pytrace=False)
+    pytest.skip(f"{name}: {why_not}")
+
+
+@cache
+def _ask(check: ServiceCheck) -> str | None:
+    # A service is asked once per session: the answer does not change between tests, and an
+    # `scontrol ping` per test would add seconds.
+    return check()
+
+
+def needs_service(name: str, check: ServiceCheck) -> pytest.MarkDecorator:
+    """A mark: before the test, `check()` says why `name` is unusable (None: it answers), and
+    the test skips or, under CI, fails (`require_service`). Checked at setup, not at import, so a
+    module that merely imports the mark never touches the service."""
+    return pytest.mark.needs_service.with_args(name, check)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs_service(name, check): needs a service CI starts; skips outside CI, fails under CI"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs_service"):
+        name, check = mark.args
+        require_service(name, _ask(check))
