@@ -223,9 +223,7 @@ def grid(spec: BenchSpec) -> list[dict[str, Any]]:
             "target_accuracy": spec.target_accuracy,
             "link_bandwidth": spec.network.link_bandwidth,
         }
-        for opt in ("input_shape", "num_classes", "data_root"):
-            if getattr(wl, opt) is not None:
-                values[opt] = getattr(wl, opt)
+        values |= wl.grid_values()
         source = f"spec.algorithms[{ai}]" if algo.options else "spec.train"
         cfg = build_config(values, f"{source} (workloads[{wi}], workers={workers}, batch={batch})")
         for repeat in range(spec.repeats):
