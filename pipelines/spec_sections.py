@@ -97,6 +97,11 @@ class Workload(Section):
         options = "".join(f"-{k}{getattr(self, k)}" for k in GPT_OPTIONS if getattr(self, k) is not None)
         return f"{self.model}{options}-{self.dataset}"
 
+    @property
+    def model_options(self) -> dict[str, int]:
+        """A GPT's options besides seq_len (which is its input shape), as the profile takes them."""
+        return {k: getattr(self, k) for k in GPT_OPTIONS if k != "seq_len" and getattr(self, k) is not None}
+
     def grid_values(self) -> dict[str, Any]:
         """What this workload sets in each of its training configs."""
         keys = ("input_shape", "num_classes", "data_root", "target_loss", *GPT_OPTIONS)
