@@ -70,3 +70,31 @@ def test_markov_vocabulary_is_the_corpus_of_the_check() -> None:
     assert prepare({"model": "gpt-tiny", "dataset": "markov", "vocab_size": 16, "steps": 1}, "test").vocab_size == 16
     assert _refusal({"model": "gpt-tiny", "dataset": "markov", "vocab_size": 8}).startswith(
         "test.vocab_size: 8 is smaller than the corpus's 16 token ids")
+
+
+SPEC_WRONG = [
+    ('[{"model": "gpt-tiny", "dataset": "stdlib-text"}, '
+     '{"model": "gpt-tiny", "dataset": "stdlib-text", "d_model": 30, "n_head": 4}]',
+     "grid[gpt-tiny-d_model30-n_head4-stdlib-text-ssgd-allreduce-w2-b32-r0].d_model: 30 is not divisible by n_head=4"),
+    ('[{"model": "gpt-tiny", "dataset": "stdlib-text", "seq_len": 100}]',
+     "grid[gpt-tiny-seq_len100-stdlib-text-ssgd-allreduce-w2-b32-r0].seq_len: 100 is over gpt-tiny's context of 64"),
+]
+
+
+@pytest.mark.parametrize(("workloads", "message"), SPEC_WRONG, ids=["d_model", "seq_len"])
+def test_a_spec_with_bad_gpt_options_fails_before_anything_starts(tmp_path, workloads: str, message: str) -> None:
+    """Every workload's options are checked, also a second workload of the same model."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from pipelines.cli import cli
+
+    home = tmp_path / "home"
+    home.mkdir()
+    smoke = Path(__file__).resolve().parent.parent / "specs" / "smoke.yaml"
+    out = CliRunner(env={"MLFLOW_TRACKING_URI": None}).invoke(
+        cli, ["run", str(smoke), "--home", str(home), "--set", f"workloads={workloads}"])
+    assert out.exit_code == 2, out.output
+    assert message in out.output and "Traceback" not in out.output
+    assert list(home.iterdir()) == []
