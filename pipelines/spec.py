@@ -165,7 +165,8 @@ def config_key(
     workload: Workload, algo: AlgorithmSpec, workers: int, batch_size: int, repeat: int, variant: int | None = None
 ) -> str:
     """Readable and unique: `lenet5-odsgd-ps-w2-b32-r0` (`-v1` when an algorithm is listed twice)."""
-    name = workload.model if workload.dataset in ("digits", "synthetic") else workload.label
+    # A model on its usual data goes by its own name; a GPT's options are part of it.
+    name = workload.name if workload.dataset in ("digits", "synthetic", "stdlib-text") else workload.label
     v = f"-v{variant}" if variant else ""
     return f"{name}-{algo.label}{v}-w{workers}-b{batch_size}-r{repeat}"
 

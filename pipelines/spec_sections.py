@@ -70,6 +70,10 @@ class ProviderSpec(Section):
         return self
 
 
+# A GPT option in workload names: the letters of the transformer literature.
+_OPTION_CODES = {"n_layer": "L", "d_model": "d", "n_head": "h", "seq_len": "T", "vocab_size": "V"}
+
+
 class Workload(Section):
     model: str = Field(description="Model name (training.models).")
     dataset: str = Field(description="Dataset name (training.datasets).")
@@ -93,9 +97,14 @@ class Workload(Section):
         return self
 
     @property
+    def name(self) -> str:
+        """The model and the options given, briefly: `gpt-mini-L2-T32` (n_layer 2, seq_len 32)."""
+        return self.model + "".join(f"-{code}{getattr(self, k)}" for k, code in _OPTION_CODES.items()
+                                    if getattr(self, k) is not None)
+
+    @property
     def label(self) -> str:
-        options = "".join(f"-{k}{getattr(self, k)}" for k in GPT_OPTIONS if getattr(self, k) is not None)
-        return f"{self.model}{options}-{self.dataset}"
+        return f"{self.name}-{self.dataset}"
 
     @property
     def model_options(self) -> dict[str, int]:

@@ -75,9 +75,9 @@ def test_markov_vocabulary_is_the_corpus_of_the_check() -> None:
 SPEC_WRONG = [
     ('[{"model": "gpt-tiny", "dataset": "stdlib-text"}, '
      '{"model": "gpt-tiny", "dataset": "stdlib-text", "d_model": 30, "n_head": 4}]',
-     "grid[gpt-tiny-d_model30-n_head4-stdlib-text-ssgd-allreduce-w2-b32-r0].d_model: 30 is not divisible by n_head=4"),
+     "grid[gpt-tiny-d30-h4-ssgd-allreduce-w2-b32-r0].d_model: 30 is not divisible by n_head=4"),
     ('[{"model": "gpt-tiny", "dataset": "stdlib-text", "seq_len": 100}]',
-     "grid[gpt-tiny-seq_len100-stdlib-text-ssgd-allreduce-w2-b32-r0].seq_len: 100 is over gpt-tiny's context of 64"),
+     "grid[gpt-tiny-T100-ssgd-allreduce-w2-b32-r0].seq_len: 100 is over gpt-tiny's context of 64"),
 ]
 
 

@@ -66,7 +66,7 @@ def check_home(home: Path) -> None:
             for r in client.search_runs([exp.experiment_id], f"tags.`ddlbench.run_key` = '{KEY}'", max_results=50)}
     assert {r.info.status for r in runs.values()} == {"FINISHED"}
     trained = [n for n in runs if n.startswith("train/")]
-    assert len(trained) == 2 and all(n.startswith("train/gpt-tiny-n_layer3-seq_len32-stdlib-text-") for n in trained)
+    assert len(trained) == 2 and all(n.startswith("train/gpt-tiny-L3-T32-") for n in trained)
     fingerprint = corpus_fingerprint("stdlib-text")
     for node in trained:
         run = runs[node]
