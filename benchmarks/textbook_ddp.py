@@ -1,7 +1,8 @@
 """The anchor of bench_trainer.py: a DDP training loop written the textbook way.
 
 Started by torchrun: `python -m benchmarks.textbook_ddp MODEL BATCH STEPS WARMUP OUT_JSON`.
-Same model registry, same synthetic data and batches as `ddlbench train`.
+Same model registry, same data and batches as `ddlbench train`: synthetic images, or for a
+GPT the stdlib-text corpus (the throughput is then sequences/s).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training.config import build_config
 from training.datasets import GlobalBatchSampler, load_dataset
+from training.gpt_shape import is_gpt
 from training.models import build_model
 from training.trainer import resolve_input_shape
 
@@ -27,7 +29,8 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = build_config({"model": model_name, "dataset": "synthetic", "workers": world, "batch_size": batch,
+    dataset = "stdlib-text" if is_gpt(model_name) else "synthetic"
+    cfg = build_config({"model": model_name, "dataset": dataset, "workers": world, "batch_size": batch,
                         "steps": steps})
     shape = resolve_input_shape(cfg)
     train, _ = load_dataset(cfg, shape)

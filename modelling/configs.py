@@ -48,6 +48,8 @@ class ProfileConfig(ProfileSettings):
     dataset: str = Field("synthetic", description="Where input batches come from.")
     input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W; default: the model's natural shape.")
     num_classes: int = Field(10, ge=2, description="Classes of the synthetic dataset.")
+    model_options: dict[str, int] = Field(
+        default_factory=dict, description="A GPT's n_layer, d_model, n_head, vocab_size (default: the preset's).")
 
 
 # 4 KiB .. 16 MiB, every factor of 4: a few seconds on a laptop.

@@ -56,7 +56,8 @@ def run(out: Path) -> int:
         doing = f"building {job['model']} and its data"
         shape = tuple(job["input_shape"]) if job["input_shape"] else None
         net, opt, train, sampler, shape, dev = build_profiled(job["model"], job["batch_size"], shape, job["dataset"],
-                                                      job["num_classes"], job["device"], _device(job["device"]))
+                                                      job["num_classes"], job["device"], _device(job["device"]),
+                                                      job.get("model_options"))
         doing = "waiting for the other profiling ranks"
         dist.barrier()
         if rank == 0:

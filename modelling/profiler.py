@@ -48,7 +48,8 @@ def _spread(xs: list[float]) -> float:
 
 
 def build_profiled(
-    model: str, batch_size: int, input_shape, dataset: str, num_classes: int, device: str, dev=None
+    model: str, batch_size: int, input_shape, dataset: str, num_classes: int, device: str, dev=None,
+    model_options: dict[str, int] | None = None,
 ):
     """Model, optimizer and data of one profiling rank; `dev` the torch device (default `device`)."""
     import torch
@@ -69,13 +70,15 @@ def build_profiled(
             "input_shape": shape,
             "device": device,
             "synthetic_samples": max(16, 4 * batch_size),
+            **(model_options or {}),
         },
         "profile",
     )
     train, _ = load_dataset(cfg, shape)
     torch.manual_seed(0)
     dev = dev or torch.device(device)
-    net = build_model(model, shape, num_classes if dataset == "synthetic" else train.num_classes).to(dev)
+    classes = num_classes if dataset == "synthetic" else train.num_classes
+    net = build_model(model, shape, classes, model_options).to(dev)
     sampler = GlobalBatchSampler(len(train), 1, batch_size, seed=0)
     # The trainer's global optimizer, so the update costs what training's does.
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
@@ -189,6 +192,7 @@ def profile_layers(
     input_shape: tuple[int, int, int] | None = None,
     dataset: str = _DEFAULT["dataset"].default,
     num_classes: int = _DEFAULT["num_classes"].default,
+    model_options: dict[str, int] | None = None,
     device: str = _DEFAULT["device"].default.value,
     warmup: int = _DEFAULT["warmup"].default,
     repeats: int = _DEFAULT["repeats"].default,
@@ -211,6 +215,7 @@ def profile_layers(
         input_shape=input_shape,
         dataset=dataset,
         num_classes=num_classes,
+        model_options=model_options or {},
         device=device,
         warmup=warmup,
         repeats=repeats,

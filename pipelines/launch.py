@@ -41,18 +41,12 @@ def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
 
 
 def _check_model_builds(cfg: TrainConfig) -> None:
-    import torch
-
-    from training.models import build_model
+    from training.models import check_model_trains
+    from training.text import corpus_vocab
     from training.trainer import resolve_input_shape
 
-    shape = resolve_input_shape(cfg)
-    with torch.device("meta"):
-        try:
-            model = build_model(cfg.model, shape, cfg.num_classes or 10)
-            model(torch.zeros(1, *shape))
-        except (RuntimeError, ValueError) as err:
-            raise ValueError(f"input_shape: {cfg.model} cannot take inputs of shape {shape}: {err}") from None
+    check_model_trains(cfg.model, resolve_input_shape(cfg), cfg.num_classes or corpus_vocab(cfg.dataset),
+                       cfg.batch_size, cfg.model_options)
 
 
 def launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | None = None,

@@ -15,6 +15,8 @@ from typing import Any
 # Summary figures logged as MLflow metrics under the same names.
 SUMMARY_METRICS = (
     "throughput_samples_per_s",
+    "throughput_tokens_per_s",
+    "mfu",
     "train_time_s",
     "final_loss",
     "final_test_loss",
@@ -24,6 +26,10 @@ SUMMARY_METRICS = (
     "target_accuracy",
     "target_reached",
     "steps_to_accuracy",
+    "final_perplexity",
+    "target_loss",
+    "time_to_loss_s",
+    "steps_to_loss",
     "parameters",
     "parameter_bytes",
     "bytes_sent",

@@ -27,13 +27,14 @@ def preflight(spec: BenchSpec, entries: list[dict[str, Any]], home: Path, source
 def _jobs(entries: list[dict[str, Any]], source: str) -> list[str]:
     from pipelines.launch import prepare
     from training.config import ConfigError
+    from training.gpt_shape import GPT_OPTIONS
 
     problems, seen = [], set()
     for entry in entries:
         cfg = entry["config"]
         # Repeats and algorithms share model, data and shapes: check each combination once.
         what = tuple(str(cfg.get(k)) for k in ("model", "dataset", "data_root", "input_shape", "num_classes",
-                                                 "workers", "batch_size", "synthetic_samples"))
+                                                 "workers", "batch_size", "synthetic_samples", *GPT_OPTIONS))
         if what in seen:
             continue
         seen.add(what)

@@ -30,6 +30,7 @@ from pipelines.report_tables import (
     config_label,
     describe_load,
     host_load,
+    language_model_lines,
 )
 
 __all__ = [
@@ -109,6 +110,7 @@ def write_report(
         "",
         f"`{FASTEST}` fastest, `{FIRST}` first to the target, among the algorithms of one model, workers and batch.",
     ]
+    md += language_model_lines(table)
     md += [
         "",
         "## Best algorithm per config",

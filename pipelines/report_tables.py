@@ -147,6 +147,7 @@ def comparison(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "steps_median": _median([r["summary"].get("steps") for r in rs]),
                 "train_time_median_s": _median([r["summary"].get("train_time_s") for r in rs]),
                 "breakdown_s": {p: _median([r["summary"]["breakdown_s"].get(p) for r in rs]) for p in PHASES},
+                **_language_model(rs),
             }
         )
     for row in rows:
@@ -158,6 +159,38 @@ def comparison(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             else None
         )
     return rows
+
+
+def _language_model(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """tokens/s, MFU, loss and time to the target loss of a language model's config (None otherwise)."""
+    fig = {k: [r["summary"].get(k) for r in rs] for k in ("throughput_tokens_per_s", "mfu", "final_test_loss")}
+    if not any(v is not None for v in fig["throughput_tokens_per_s"]):
+        return {"tokens_per_s_median": None}
+    tok, mfu = _spread(fig["throughput_tokens_per_s"]), _spread(fig["mfu"])
+    ttl = _to_target(rs, "time_to_loss_s")
+    targets = {r["summary"].get("target_loss") for r in rs} - {None}
+    return {"tokens_per_s_median": tok[0], "tokens_per_s_min": tok[1], "tokens_per_s_max": tok[2],
+            "mfu_median": mfu[0], "mfu_min": mfu[1], "mfu_max": mfu[2],
+            "final_test_loss_median": _median(fig["final_test_loss"]), "target_loss": min(targets, default=None),
+            "time_to_loss_median_s": ttl[0], "time_to_loss_min_s": ttl[1], "time_to_loss_max_s": ttl[2]}
+
+
+def language_model_lines(table: list[dict[str, Any]]) -> list[str]:
+    """The report's section on language models: tokens/s, MFU and loss to target (none: no lines)."""
+    from pipelines.report_console import fmt, fmt_spread
+
+    rows = [r for r in table if r.get("tokens_per_s_median") is not None]
+    if not rows:
+        return []
+    md = ["", "## Language models", "",
+          "| config | tokens/s | MFU | final test loss | target loss | time to target loss s |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {r['config']} | {fmt_spread(r['tokens_per_s_median'], r['tokens_per_s_min'], r['tokens_per_s_max'])} | "
+           f"{fmt_spread(r['mfu_median'], r['mfu_min'], r['mfu_max'], 3)} | {fmt(r['final_test_loss_median'])} | "
+           f"{fmt(r['target_loss'])} | "
+           f"{fmt_spread(r['time_to_loss_median_s'], r['time_to_loss_min_s'], r['time_to_loss_max_s'])} |"
+           for r in rows]
+    return md
 
 
 def best_per_config(table: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -203,8 +236,10 @@ def columns(table: list[dict[str, Any]]) -> dict[str, list[Any]]:
         "steps_to_accuracy_median",
         "target_reached_repeats",
         "scaling_baseline",
+        "tokens_per_s_median",
+        "mfu_median",
     )
-    return {k: [row[k] for row in table] for k in keys}
+    return {k: [row.get(k) for row in table] for k in keys}
 
 
 def host_load(runs: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -152,7 +152,8 @@ def config_key(
     workload: Workload, algo: AlgorithmSpec, workers: int, batch_size: int, repeat: int, variant: int | None = None
 ) -> str:
     """Readable and unique: `lenet5-odsgd-ps-w2-b32-r0` (`-v1` when an algorithm is listed twice)."""
-    name = workload.model if workload.dataset in ("digits", "synthetic") else workload.label
+    # A model on its usual data goes by its own name; a GPT's options are part of it.
+    name = workload.name if workload.dataset in ("digits", "synthetic", "stdlib-text") else workload.label
     v = f"-v{variant}" if variant else ""
     return f"{name}-{algo.label}{v}-w{workers}-b{batch_size}-r{repeat}"
 
@@ -210,9 +211,7 @@ def grid(spec: BenchSpec) -> list[dict[str, Any]]:
             "target_accuracy": spec.target_accuracy,
             "link_bandwidth": spec.network.link_bandwidth,
         }
-        for opt in ("input_shape", "num_classes", "data_root"):
-            if getattr(wl, opt) is not None:
-                values[opt] = getattr(wl, opt)
+        values |= wl.grid_values()
         source = f"spec.algorithms[{ai}]" if algo.options else "spec.train"
         try:
             cfg = TrainConfig(**values)

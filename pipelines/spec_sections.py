@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from modelling.configs import MicrobenchSettings, ProfileSettings
 from modelling.units import parse_rate
 from training.config import Algorithm, Comm, default_comm
+from training.gpt_shape import GPT_OPTIONS
 
 # Options that the grid itself sets; a spec gives them through its own fields.
 GRID_FIELDS = {
@@ -35,6 +36,8 @@ GRID_FIELDS = {
     "num_classes",
     "data_root",
     "seed",
+    "target_loss",
+    *GPT_OPTIONS,
 }
 
 
@@ -67,16 +70,54 @@ class ProviderSpec(Section):
         return self
 
 
+# A GPT option in workload names: the letters of the transformer literature.
+_OPTION_CODES = {"n_layer": "L", "d_model": "d", "n_head": "h", "seq_len": "T", "vocab_size": "V"}
+
+
 class Workload(Section):
     model: str = Field(description="Model name (training.models).")
     dataset: str = Field(description="Dataset name (training.datasets).")
     input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W; default: the model's.")
     num_classes: int | None = Field(None, ge=2, description="Classes; default: the dataset's.")
     data_root: Path | None = Field(None, description="Local root of the dataset files.")
+    n_layer: int | None = Field(None, ge=1, description="GPT: transformer blocks (default: the preset's).")
+    d_model: int | None = Field(None, ge=1, description="GPT: model width (default: the preset's).")
+    n_head: int | None = Field(None, ge=1, description="GPT: attention heads (default: the preset's).")
+    seq_len: int | None = Field(None, ge=1, description="GPT: tokens per sequence (default: the preset's context).")
+    vocab_size: int | None = Field(None, ge=2, description="GPT: vocabulary (default: the corpus's).")
+    target_accuracy: float | None = Field(
+        None, gt=0, le=1, description="Accuracy for time-to-accuracy of this workload (default: the spec's).")
+    target_loss: float | None = Field(None, gt=0, description="Evaluation loss for time-to-loss (lower is better).")
+
+    @model_validator(mode="after")
+    def _sequence_shape(self) -> Workload:
+        """A GPT's seq_len is also its input shape (1, 1, seq_len): what the profile is fed."""
+        if self.seq_len is not None and self.input_shape is None:
+            object.__setattr__(self, "input_shape", (1, 1, self.seq_len))
+        return self
+
+    @property
+    def name(self) -> str:
+        """The model and the options given, briefly: `gpt-mini-L2-T32` (n_layer 2, seq_len 32)."""
+        return self.model + "".join(f"-{code}{getattr(self, k)}" for k, code in _OPTION_CODES.items()
+                                    if getattr(self, k) is not None)
 
     @property
     def label(self) -> str:
-        return f"{self.model}-{self.dataset}"
+        return f"{self.name}-{self.dataset}"
+
+    @property
+    def model_options(self) -> dict[str, int]:
+        """A GPT's options besides seq_len (which is its input shape), as the profile takes them."""
+        return {k: getattr(self, k) for k in GPT_OPTIONS if k != "seq_len" and getattr(self, k) is not None}
+
+    def grid_values(self) -> dict[str, Any]:
+        """What this workload sets in each of its training configs."""
+        keys = ("input_shape", "num_classes", "data_root", "target_loss", *GPT_OPTIONS)
+        values = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        if "target_accuracy" in self.model_fields_set:
+            values["target_accuracy"] = self.target_accuracy
+        return values
 
 
 class AlgorithmSpec(Section):

@@ -28,12 +28,13 @@ def test_shipped_specs_load_and_expand_to_their_grids() -> None:
     assert grid(smoke)[1]["config"]["servers"] == 1
     nightly = load_spec(NIGHTLY)
     entries = grid(nightly)
-    # 2 workloads x 5 algorithms x 2 world sizes x 3 repeats, and a 1-worker SSGD baseline per
+    # 3 workloads x 5 algorithms x 2 world sizes x 3 repeats, and a 1-worker SSGD baseline per
     # workload x 3 repeats (workers lists two sizes: the spec asks for scaling); keys unique
-    assert len(entries) == 66 == len({e["key"] for e in entries})
+    assert len(entries) == 99 == len({e["key"] for e in entries})
     baseline = [e for e in entries if e["config"]["workers"] == 1]
     assert [e["key"] for e in baseline] == [
-        f"{m}-ssgd-allreduce-w1-b32-r{i}" for m in ("mlp", "resnet20") for i in range(3)
+        f"{m}-ssgd-allreduce-w1-b32-r{i}" for m in ("mlp", "resnet20", "gpt-mini-T32")
+        for i in range(3)
     ]
     assert {(e["config"]["comm"], e["config"]["servers"], e["config"]["overlap"]) for e in baseline} == {
         ("allreduce", 0, True)

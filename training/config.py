@@ -6,12 +6,15 @@ value fails here, naming the field, before any process is launched.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from training.gpt_shape import GPT_OPTIONS, GPT_PRESETS, is_gpt
 
 
 class Algorithm(StrEnum):
@@ -49,17 +52,29 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_assignment=True)
 
-    model: str = Field("lenet5", description="mlp, lenet5, resnet20 or a torchvision classifier (resnet50, ...).")
+    model: str = Field(
+        "lenet5",
+        description="mlp, lenet5, resnet20, a torchvision classifier (resnet50, ...) or a GPT language model "
+        "(gpt-tiny, gpt-mini, gpt2-small).")
     dataset: str = Field(
         "digits",
         description="Dataset: synthetic (random, for throughput), synthetic-learnable (CIFAR-shaped Gaussian "
-        "classes, Bayes accuracy 0.933, no download), digits, mnist, cifar10 or imagefolder.",
+        "classes, Bayes accuracy 0.933, no download), digits, mnist, cifar10, imagefolder; for a GPT: stdlib-text "
+        "(the Python standard library's source, bytes) or markov (an order-2 Markov chain of known entropy rate).",
     )
     data_root: Path | None = Field(None, description="Local root of mnist, cifar10 or imagefolder data.")
     download: bool = Field(False, description="Allow torchvision to download mnist/cifar10 into data_root.")
     input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W fed to the model (default: natural).")
     num_classes: int | None = Field(None, ge=2, description="Number of classes; default: the dataset's.")
-    synthetic_samples: int = Field(4096, ge=16, description="Training samples of the synthetic datasets.")
+    synthetic_samples: int = Field(
+        4096, ge=16, description="Training samples of the synthetic datasets (markov: sequences).")
+    n_layer: int | None = Field(None, ge=1, le=1024, description="GPT: transformer blocks (default: the preset's).")
+    d_model: int | None = Field(None, ge=1, le=65536, description="GPT: model width (default: the preset's).")
+    n_head: int | None = Field(None, ge=1, le=1024, description="GPT: attention heads; must divide d_model.")
+    seq_len: int | None = Field(
+        None, ge=1, le=65536, description="GPT: tokens per sequence, at most the preset's context (default: it).")
+    vocab_size: int | None = Field(
+        None, ge=2, le=1 << 20, description="GPT: vocabulary, at least the corpus's token ids (default: the corpus's).")
     algorithm: Algorithm = Field(Algorithm.ssgd, description="Update algorithm: ssgd, asgd or odsgd.")
     comm: Comm | None = Field(None, description="allreduce (ssgd only) or ps; default: allreduce for ssgd, else ps.")
     workers: int = Field(2, ge=1, le=4096, description="Number of worker processes N.")
@@ -104,6 +119,10 @@ class TrainConfig(BaseModel):
     measure_warmup: int = Field(2, ge=0, description="Iterations excluded from timing figures.")
     eval_every: int = Field(0, ge=0, description="Evaluate every K steps (0: only at the end).")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="Accuracy for time_to_accuracy_s.")
+    target_loss: float | None = Field(None, gt=0, description="Evaluation loss (lower is better) for time_to_loss_s.")
+    peak_flops: float | None = Field(
+        None, gt=0,
+        description="Peak FLOP/s of one worker's device for MFU (default: measured by a GEMM microbenchmark).")
     threads: int = Field(1, ge=1, description="torch threads per process.")
     timeout_s: float = Field(45.0, gt=0, description="Timeout of every blocking collective or point-to-point op.")
     link_bandwidth: str | None = Field(None, description="Known link rate recorded with results (e.g. 1gbit).")
@@ -129,7 +148,21 @@ class TrainConfig(BaseModel):
             raise ValueError(f"servers: comm=allreduce uses no parameter server, got {self.servers}")
         if (self.steps is None) == (self.epochs is None):
             raise ValueError("steps/epochs: give exactly one of them")
+        if not is_gpt(self.model):
+            given = [f for f in GPT_OPTIONS if getattr(self, f) is not None]
+            if given:
+                raise ValueError(f"{given[0]}: only a GPT model ({', '.join(GPT_PRESETS)}) takes it, not {self.model}")
+        elif self.input_shape is not None:
+            if self.input_shape[:2] != (1, 1):
+                raise ValueError(f"input_shape: a GPT takes token sequences (1, 1, seq_len), got {self.input_shape}")
+            if self.seq_len not in (None, self.input_shape[2]):
+                raise ValueError(f"seq_len: {self.seq_len} differs from input_shape's {self.input_shape[2]}")
         return self
+
+    @property
+    def model_options(self) -> dict[str, int | None]:
+        """A GPT's options (None: the preset's)."""
+        return {f: getattr(self, f) for f in GPT_OPTIONS}
 
     @property
     def world_size(self) -> int:
@@ -156,11 +189,12 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
     """One line per problem: `source.field: message (got value)`."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
         msg = e["msg"].removeprefix("Value error, ")
+        # A check across fields names its field at the start of its message.
+        loc = ".".join(str(p) for p in e["loc"]) or ("" if re.match(r"[\w/]+: ", msg) else "(root)")
         got = e.get("input")
         shown = "" if isinstance(got, dict) or e["type"] == "value_error" else f" (got {got!r})"
-        lines.append(f"{source}.{loc}: {msg}{shown}")
+        lines.append(f"{source}.{loc}: {msg}{shown}" if loc else f"{source}.{msg}{shown}")
     return "\n".join(lines)
 
 

@@ -14,6 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from training.gpt_shape import GPT_PRESETS, is_gpt
+from training.text import TEXT_DATASETS, TokenSource, load_text
+
 Shape = tuple[int, int, int]
 
 # Held-out split of the bundled digits: fixed, independent of the training seed.
@@ -220,6 +223,11 @@ def _imagefolder(cfg, shape: Shape) -> tuple[ImageFolderSource, ImageFolderSourc
     return ImageFolderSource(root / "train", shape), ImageFolderSource(test_dir, shape), (3, *shape[1:])
 
 
+def _text(cfg, shape: Shape) -> tuple[TokenSource, TokenSource, Shape]:
+    train, test = load_text(cfg, shape[2])
+    return train, test, shape
+
+
 DATASETS = {
     "synthetic": _synthetic,
     "synthetic-learnable": _learnable,
@@ -227,6 +235,8 @@ DATASETS = {
     "mnist": _mnist,
     "cifar10": _cifar10,
     "imagefolder": _imagefolder,
+    "stdlib-text": _text,
+    "markov": _text,
 }
 _NATIVE_SHAPE: dict[str, Shape] = {
     "digits": (1, 8, 8),
@@ -235,6 +245,9 @@ _NATIVE_SHAPE: dict[str, Shape] = {
     "synthetic": (3, 32, 32),
     "synthetic-learnable": (3, 32, 32),
     "imagefolder": (3, 224, 224),
+    # Token sequences (1, 1, seq_len): the length is the model's.
+    "stdlib-text": (1, 1, 0),
+    "markov": (1, 1, 0),
 }
 
 
@@ -252,8 +265,14 @@ def load_dataset(cfg, shape: Shape):
 
 
 def check_dataset(cfg) -> None:
-    """Fail early, naming the option, when the data cannot be found."""
+    """Fail early, naming the option, when the data cannot be found or does not suit the model."""
     native_shape(cfg.dataset)
+    if is_gpt(cfg.model) != (cfg.dataset in TEXT_DATASETS):
+        text = ", ".join(TEXT_DATASETS)
+        if is_gpt(cfg.model):
+            raise ValueError(f"dataset: {cfg.model} is a language model; train it on {text}, not {cfg.dataset}")
+        raise ValueError(f"dataset: {cfg.dataset} holds token sequences, for a language model "
+                         f"({', '.join(GPT_PRESETS)}), not {cfg.model}")
     if cfg.dataset in ("mnist", "cifar10", "imagefolder"):
         if cfg.data_root is None:
             raise ValueError(f"data_root: {cfg.dataset} needs a local data root (--data-root)")

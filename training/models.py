@@ -1,4 +1,5 @@
-"""Models by name: ddlbench's own small models and every torchvision classifier.
+"""Models by name: ddlbench's own small models, every torchvision classifier, and the
+GPT-style language models (training/gpt.py).
 
 Models know nothing about distribution. All are randomly initialised; nothing
 is downloaded.
@@ -6,11 +7,14 @@ is downloaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 
 import torch
 from torch import nn
+
+from training.gpt import GPT
+from training.gpt_shape import GPT_PRESETS, is_gpt, preset_seq_len, resolve_shape
 
 
 def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -107,8 +111,8 @@ def torchvision_models() -> frozenset[str]:
 
 
 def check_model_name(name: str) -> None:
-    if name not in _OWN and name not in torchvision_models():
-        own = ", ".join(sorted(_OWN))
+    if name not in _OWN and not is_gpt(name) and name not in torchvision_models():
+        own = ", ".join(sorted(_OWN) + list(GPT_PRESETS))
         raise ValueError(
             f"model: unknown model {name!r}; use one of {own} or a torchvision "
             "classification builder name (e.g. resnet50, alexnet, vgg16)"
@@ -116,21 +120,63 @@ def check_model_name(name: str) -> None:
 
 
 def natural_input_shape(name: str, dataset_shape: tuple[int, int, int]) -> tuple[int, int, int]:
-    """The C,H,W a model is fed by default, given the dataset's own shape."""
+    """The C,H,W a model is fed by default, given the dataset's own shape. A language model's
+    input is a token sequence, written (1, 1, seq_len)."""
+    if is_gpt(name):
+        return (1, 1, preset_seq_len(name))
     if name in _OWN:
         return _OWN[name][1] or dataset_shape
     return _TV_SHAPE.get(name, (3, 224, 224))
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """A freshly initialised model; seed torch before calling for a reproducible init."""
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
+                options: Mapping[str, int | None] | None = None) -> nn.Module:
+    """A freshly initialised model; seed torch before calling for a reproducible init.
+
+    A GPT's `num_classes` is its corpus's vocabulary, `input_shape[2]` its sequence length,
+    and `options` its GPT_OPTIONS (None: the preset's)."""
     check_model_name(name)
+    if is_gpt(name):
+        return GPT(resolve_shape(name, {**(options or {}), "seq_len": input_shape[2]}, num_classes))
     if name in _OWN:
         return _OWN[name][0](input_shape, num_classes)
     import torchvision
 
     kwargs = dict(_TV_KWARGS.get(name, {}))
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+
+
+def example_input(name: str, input_shape: tuple[int, int, int], batch: int) -> torch.Tensor:
+    """A batch of zeros of what `name` takes: token ids for a GPT, images otherwise."""
+    if is_gpt(name):
+        return torch.zeros(batch, input_shape[2], dtype=torch.long)
+    return torch.zeros(batch, *input_shape)
+
+
+def check_model_trains(name: str, input_shape: tuple[int, int, int], num_classes: int, batch_size: int,
+                       options: Mapping[str, int | None] | None = None) -> None:
+    """Build `name` on the meta device and run a training-mode forward at the run's
+    per-worker batch: what cannot train is refused before launch, naming the field, and
+    nothing that trains is (batch norm after global pooling needs 2 samples, not 1)."""
+    if is_gpt(name):  # option errors name their own field
+        resolve_shape(name, {**(options or {}), "seq_len": input_shape[2]}, num_classes)
+
+    def forward(batch: int) -> None:
+        with torch.device("meta"):
+            build_model(name, input_shape, num_classes, options)(example_input(name, input_shape, batch))
+
+    try:
+        forward(batch_size)
+    except (RuntimeError, ValueError) as err:
+        if batch_size < 2:
+            try:
+                forward(2)
+            except (RuntimeError, ValueError):
+                pass
+            else:
+                raise ValueError(f"batch_size: {name} cannot train on {batch_size} sample per worker "
+                                 f"(it trains at 2 and up): {err}") from None
+        raise ValueError(f"input_shape: {name} cannot take inputs of shape {input_shape}: {err}") from None
 
 
 def logits_of(output: torch.Tensor | tuple) -> torch.Tensor:

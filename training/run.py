@@ -29,7 +29,7 @@ from torch.distributed.rendezvous import rendezvous
 from training.checkpoint import CheckpointStore
 from training.config import Algorithm, Comm, TrainConfig
 from training.ps import ServerConfig, ShardLayout, ShardServer
-from training.summary import environment, staleness_figures, timing_figures
+from training.summary import environment, language_model_figures, staleness_figures, timing_figures
 from training.timeline import Timeline, to_chrome_trace, write_jsonl
 from training.trainer import Diverged, Trainer, resolve_steps
 
@@ -189,6 +189,9 @@ def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[s
         "target_reached": lead["target_reached"],
         "time_to_accuracy_s": lead["time_to_accuracy_s"],
         "steps_to_accuracy": lead["steps_to_accuracy"],
+        "target_loss": cfg.target_loss,
+        "time_to_loss_s": lead["time_to_loss_s"],
+        "steps_to_loss": lead["steps_to_loss"],
         "parameters": lead["parameters"],
         "parameter_bytes": lead["parameter_bytes"],
         "staleness": staleness_figures([s["traffic"]["staleness"] for s in servers])
@@ -198,6 +201,7 @@ def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[s
         "environment": environment(cfg),
         "config": json.loads(cfg.model_dump_json()),
     }
+    summary |= language_model_figures(cfg, lead, summary["throughput_samples_per_s"])
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -151,4 +152,33 @@ def environment(cfg: TrainConfig) -> dict[str, Any]:
         "world_size": cfg.world_size,
         "link_bandwidth": cfg.link_bandwidth,
         "threads_per_process": cfg.threads,
+    }
+
+
+def language_model_figures(cfg: TrainConfig, lead: dict[str, Any], samples_per_s: float | None) -> dict[str, Any]:
+    """tokens/s, MFU and perplexity of a language model (None for a classifier).
+
+    MFU = flops_per_token * tokens/s / (peak * workers): the model's training FLOPs per token
+    (training/gpt_shape.py: 6 N + 12 n_layer d_model seq_len) at the measured token rate, over
+    the peak of one worker's device (`peak_flops`, else a GEMM benchmark at the workers'
+    threads, modelling/peak.py) times the workers."""
+    lm = lead["language_model"]
+    if lm is None:
+        return {"throughput_tokens_per_s": None, "mfu": None, "peak_flops": None, "final_perplexity": None,
+                "language_model": None}
+    tokens_per_s = samples_per_s * lm["seq_len"] if samples_per_s else None
+    if cfg.peak_flops:
+        peak: dict[str, Any] = {"flops_per_s": cfg.peak_flops, "source": "option"}
+    else:
+        from modelling.peak import measure_peak_flops
+
+        peak = measure_peak_flops(cfg.device.value, threads=cfg.threads)
+    from modelling.peak import mfu
+
+    return {
+        "throughput_tokens_per_s": tokens_per_s,
+        "mfu": mfu(lm["flops_per_token"], tokens_per_s, peak["flops_per_s"], cfg.workers) if tokens_per_s else None,
+        "peak_flops": peak,
+        "final_perplexity": math.exp(min(lead["final_test_loss"], 700.0)),
+        "language_model": lm,
     }

@@ -22,11 +22,14 @@ from torch import nn
 from training.algorithms import AllreduceSSGD, make_strategy
 from training.config import TrainConfig
 from training.datasets import GlobalBatchSampler, load_dataset, native_shape
+from training.gpt_shape import is_gpt, resolve_shape
 from training.models import build_model, logits_of, natural_input_shape
 from training.timeline import Timeline
 
 
 def resolve_input_shape(cfg: TrainConfig) -> tuple[int, int, int]:
+    if cfg.seq_len is not None:
+        return (1, 1, cfg.seq_len)
     return cfg.input_shape or natural_input_shape(cfg.model, native_shape(cfg.dataset))
 
 
@@ -39,10 +42,11 @@ def resolve_steps(cfg: TrainConfig, n_train: int) -> int:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, source, device: torch.device, batch: int = 512) -> tuple[float, float]:
-    """(accuracy, mean loss) on a whole split."""
+    """(accuracy, mean loss) over every target of a whole split: per sample for a classifier,
+    per token for a language model (its loss in nats, exp of it the perplexity)."""
     was_training = model.training
     model.eval()
-    correct, loss_sum = 0, 0.0
+    correct, loss_sum, count = 0, 0.0, 0
     for start in range(0, len(source), batch):
         idx = torch.arange(start, min(start + batch, len(source)))
         x, y = source.batch(idx)
@@ -50,8 +54,24 @@ def evaluate(model: nn.Module, source, device: torch.device, batch: int = 512) -
         out = logits_of(model(x))
         loss_sum += F.cross_entropy(out, y, reduction="sum").item()
         correct += (out.argmax(dim=1) == y).sum().item()
+        count += y.numel()
     model.train(was_training)
-    return correct / len(source), loss_sum / len(source)
+    return correct / count, loss_sum / count
+
+
+def language_model_params(cfg: TrainConfig) -> dict[str, Any]:
+    """`language_model_shape` of a config, its data loaded here."""
+    return language_model_shape(cfg, *load_dataset(cfg, resolve_input_shape(cfg)))
+
+
+def language_model_shape(cfg: TrainConfig, train_set, test_set) -> dict[str, Any]:
+    """A GPT's resolved dimensions, training FLOPs per token and its data's token counts
+    (MLflow params and summary.json's `language_model`)."""
+    shape = resolve_shape(cfg.model, {**cfg.model_options, "seq_len": resolve_input_shape(cfg)[2]},
+                          cfg.num_classes or train_set.num_classes)
+    return {**shape.as_dict(), "parameters": shape.parameters(), "flops_per_token": shape.flops_per_token(),
+            "train_tokens": train_set.tokens, "test_tokens": test_set.tokens,
+            "tokens_per_step": cfg.workers * cfg.batch_size * shape.seq_len}
 
 
 class Trainer:
@@ -64,14 +84,19 @@ class Trainer:
         self.train_set, self.test_set = load_dataset(cfg, shape)
         classes = cfg.num_classes or self.train_set.num_classes
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker
-        self.net = build_model(cfg.model, shape, classes).to(device)
+        self.net = build_model(cfg.model, shape, classes, cfg.model_options).to(device)
         self.sampler = GlobalBatchSampler(len(self.train_set), cfg.workers, cfg.batch_size, cfg.seed)
+        # A language model's sequences: what tokens/s and MFU count (None for a classifier).
+        self.lm = language_model_shape(cfg, self.train_set, self.test_set) if is_gpt(cfg.model) else None
         self.strategy = make_strategy(cfg, self.net, timeline, rank, workers_group, ps_group)
         self.overlapped = isinstance(self.strategy, AllreduceSSGD) and cfg.overlap and cfg.workers > 1
         self.eval_time = 0.0
-        # The first evaluation at or above the target: training seconds and steps to it.
+        # The first evaluation at or above the target accuracy (at or below the target
+        # loss): training seconds and steps to it.
         self.reached_at: float | None = None
         self.reached_step: int | None = None
+        self.loss_reached_at: float | None = None
+        self.loss_reached_step: int | None = None
         self.loss_value = float("nan")
 
     def _sync(self) -> None:
@@ -88,6 +113,7 @@ class Trainer:
             "eval_time": self.eval_time,
             "reached_at": self.reached_at,
             "reached_step": self.reached_step,
+            "loss_reached": [self.loss_reached_at, self.loss_reached_step],
             "loss": loss,
             "traffic": [self.strategy.stats.bytes_sent, self.strategy.stats.bytes_received],
         }
@@ -100,6 +126,7 @@ class Trainer:
         self.timeline.records = list(state["records"])
         self.eval_time, self.reached_at = state["eval_time"], state["reached_at"]
         self.reached_step = state.get("reached_step")
+        self.loss_reached_at, self.loss_reached_step = state.get("loss_reached", [None, None])
         self.loss_value = state["loss"]
         self.strategy.stats.bytes_sent, self.strategy.stats.bytes_received = state["traffic"]
         return state["clock"]
@@ -149,11 +176,13 @@ class Trainer:
                         "time_s": rec["end"] - self.eval_time,
                         "throughput_samples_per_s": global_batch / max(rec["end"] - last_end, 1e-9),
                     }
+                    if self.lm:
+                        row["throughput_tokens_per_s"] = row["throughput_samples_per_s"] * self.lm["seq_len"]
                     last_end = rec["end"]
                     if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < steps:
                         e0 = tl.now()
                         row["accuracy"], row["test_loss"] = evaluate(self.net, self.test_set, self.device)
-                        self._note_accuracy(row["accuracy"], row["time_s"], t + 1)
+                        self._note_target(row["accuracy"], row["test_loss"], row["time_s"], t + 1)
                         self.eval_time += tl.now() - e0
                         last_end = tl.now()
                     metrics.write(json.dumps(row) + "\n")
@@ -164,7 +193,7 @@ class Trainer:
             result: dict[str, Any] = {"train_time_s": train_time}
             if lead:
                 acc, test_loss = evaluate(self.net, self.test_set, self.device)
-                self._note_accuracy(acc, train_time, steps)
+                self._note_target(acc, test_loss, train_time, steps)
                 metrics.write(json.dumps({"step": steps, "accuracy": acc, "test_loss": test_loss,
                                           "time_s": train_time}) + "\n")
                 result |= {
@@ -174,6 +203,7 @@ class Trainer:
                     **self.accuracy_figures(),
                     "parameters": sum(p.numel() for p in self.net.parameters()),
                     "parameter_bytes": sum(p.numel() * p.element_size() for p in self.net.parameters()),
+                    "language_model": self.lm,
                 }
                 if cfg.save_params:
                     torch.save({k: v.detach().cpu() for k, v in self.net.state_dict().items()},
@@ -183,18 +213,24 @@ class Trainer:
             if metrics:
                 metrics.close()
 
-    def _note_accuracy(self, accuracy: float, time_s: float, step: int) -> None:
-        target = self.cfg.target_accuracy
-        if target and self.reached_at is None and accuracy >= target:
+    def _note_target(self, accuracy: float, loss: float, time_s: float, step: int) -> None:
+        cfg = self.cfg
+        if cfg.target_accuracy and self.reached_at is None and accuracy >= cfg.target_accuracy:
             self.reached_at, self.reached_step = time_s, step
+        if cfg.target_loss and self.loss_reached_at is None and loss <= cfg.target_loss:
+            self.loss_reached_at, self.loss_reached_step = time_s, step
 
     def accuracy_figures(self) -> dict[str, Any]:
-        """Time-to-accuracy: training seconds (warm-up included, evaluation excluded) and
-        steps to the first evaluation at or above the target. A run that never reached it
-        says so: target_reached false, both figures None (no target: all None)."""
-        reached = None if not self.cfg.target_accuracy else self.reached_at is not None
-        return {"target_reached": reached, "time_to_accuracy_s": self.reached_at,
-                "steps_to_accuracy": self.reached_step}
+        """Time-to-target: training seconds (warm-up included, evaluation excluded) and
+        steps to the first evaluation at or above the target accuracy, and at or below the
+        target loss. A run that never reached a target says so: target_reached false (every
+        target given must be reached), that target's figures None (no target: all None)."""
+        cfg = self.cfg
+        reached = [r is not None for t, r in ((cfg.target_accuracy, self.reached_at),
+                                               (cfg.target_loss, self.loss_reached_at)) if t]
+        return {"target_reached": all(reached) if reached else None,
+                "time_to_accuracy_s": self.reached_at, "steps_to_accuracy": self.reached_step,
+                "time_to_loss_s": self.loss_reached_at, "steps_to_loss": self.loss_reached_step}
 
 
 class Diverged(RuntimeError):

@@ -63,6 +63,7 @@ def profile(ctx: RunContext) -> dict:
                         input_shape=wl.input_shape,
                         dataset=wl.dataset,
                         num_classes=wl.num_classes or 10,
+                        model_options=wl.model_options,
                         device=spec.train.get("device", "cpu"),
                         warmup=spec.profile.warmup,
                         repeats=spec.profile.repeats,

@@ -33,9 +33,14 @@ _DATA_FIELDS = ("dataset", "input_shape", "num_classes", "data_root", "synthetic
 def dataset_entity(config: dict[str, Any]) -> dict[str, Any]:
     """The MLflow Dataset (name, digest, source) of a training config: the bundled digits come
     from scikit-learn, synthetic data from the generator, files from the data root."""
+    from training.text import TEXT_DATASETS, corpus_fingerprint
+
     data = {k: config.get(k) for k in _DATA_FIELDS}
     if config["dataset"] == "synthetic":  # drawn from the run's seed
         data["seed"] = config.get("seed")
+    if config["dataset"] in TEXT_DATASETS:  # the corpus's size and hash: the stdlib differs between Pythons
+        data["seq_len"] = config.get("seq_len")
+        data["corpus"] = corpus_fingerprint(config["dataset"])
     digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
     if config.get("data_root"):
         source_type, source = "local", {"uri": Path(config["data_root"]).resolve().as_uri()}
@@ -122,6 +127,8 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
 
     def body(t: Tracker, node: str) -> dict:
         from pipelines.launch import JobFailed, prepare
+        from training.gpt_shape import is_gpt
+        from training.trainer import language_model_params
 
         spec = ctx.spec()
         cfg = prepare(entry["config"], source=f"train[{key}]")
@@ -130,6 +137,8 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
         t.log_params(node, flatten(placement.as_dict(), "placement."))
         t.set_tags(node, {"ddlbench.placement": placement.policy.value})
         t.log_input(node, dataset_entity(cfg.model_dump(mode="json")))
+        if is_gpt(cfg.model):  # the resolved dimensions and token counts, not only the options given
+            t.log_params(node, flatten(language_model_params(cfg), "language_model."))
         t0 = now_ms()
         try:
             with _system_metrics(t, node, spec):
