@@ -32,7 +32,8 @@ from scipy import optimize, special, stats
 CI_LEVEL = 0.95
 POWER = 0.95  # the detection probability `detectable_slowdown` is stated at
 QUAD_NODES = 48  # nodes of the expectation over the estimated variance
-CHANGE_P = 0.001  # Otava's default significance of a change point
+CHANGE_P = 0.01  # significance of a change point (E-divisive's permutation test)
+CHANGE_PERMUTATIONS = 999
 CHANGE_MIN_SIZE = 3  # runs on each side of a change point at least
 
 
@@ -193,30 +194,37 @@ def detectable_slowdown(var: float, df: float, alpha: float, min_effect: float) 
     ))
 
 
-def change_points(series: list[float], max_p: float = CHANGE_P) -> list[dict[str, Any]]:
-    """Otava-style change points of a series (oldest first): the best split by least squares
-    (ruptures' binary segmentation), kept if Welch's t-test between its two sides gives p < max_p,
-    then each side split again. Each: index (first value after the step), p-value, relative change
-    of the mean (the series is in logs)."""
+def _best_gain(x: np.ndarray) -> np.ndarray:
+    """Per row of x: the largest least-squares gain of one split, n1 n2 / n (mean1 - mean2)^2, over
+    the cuts that leave CHANGE_MIN_SIZE values on each side."""
+    n = x.shape[1]
+    cuts = np.arange(CHANGE_MIN_SIZE, n - CHANGE_MIN_SIZE + 1)
+    head = np.cumsum(x, axis=1)[:, cuts - 1]
+    m1, m2 = head / cuts, (x.sum(axis=1, keepdims=True) - head) / (n - cuts)
+    return (cuts * (n - cuts) / n * (m1 - m2) ** 2).max(axis=1)
+
+
+def change_points(series: list[float], max_p: float = CHANGE_P, permutations: int = CHANGE_PERMUTATIONS,
+                  seed: int = 0) -> list[dict[str, Any]]:
+    """E-divisive-style change points of a series (oldest first): the best split by least squares
+    (ruptures' binary segmentation), kept if a permutation test of the best split's gain gives
+    p < max_p (the selection of the best cut is in the null distribution), then each side split
+    again. Each: index (first value after the step), p-value, relative change (the series is in logs)."""
     import ruptures
 
     found: list[dict[str, Any]] = []
+    rng = np.random.default_rng(seed)
 
     def split(lo: int, hi: int) -> None:
         seg = np.asarray(series[lo:hi], dtype=float)
-        if len(seg) < 2 * CHANGE_MIN_SIZE:
+        if len(seg) < 2 * CHANGE_MIN_SIZE or np.ptp(seg) == 0:
             return
-        try:
-            (cut, _end) = ruptures.Binseg(model="l2", min_size=CHANGE_MIN_SIZE, jump=1).fit(seg).predict(n_bkps=1)
-        except ruptures.exceptions.BadSegmentationParameters:
-            return
-        left, right = seg[:cut], seg[cut:]
-        if np.ptp(left) == 0 and np.ptp(right) == 0:
-            p = 0.0 if left[0] != right[0] else 1.0
-        else:
-            p = float(stats.ttest_ind(left, right, equal_var=False).pvalue)
+        (cut, _end) = ruptures.Binseg(model="l2", min_size=CHANGE_MIN_SIZE, jump=1).fit(seg).predict(n_bkps=1)
+        gain = _best_gain(seg[None, :])[0]
+        null = _best_gain(rng.permuted(np.tile(seg, (permutations, 1)), axis=1))
+        p = (1 + int(np.sum(null >= gain * (1 - 1e-12)))) / (permutations + 1)
         if p < max_p:
-            found.append({"index": lo + cut, "p_value": p, "change": math.exp(right.mean() - left.mean()) - 1})
+            found.append({"index": lo + cut, "p_value": p, "change": math.exp(seg[cut:].mean() - seg[:cut].mean()) - 1})
             split(lo, lo + cut)
             split(lo + cut, hi)
 

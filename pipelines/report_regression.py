@@ -110,7 +110,7 @@ def _repeats(row: dict[str, Any]) -> list[float]:
     return [x for x in row.get("throughput_repeats") or [] if x]
 
 
-def _history_runs(history: list[dict[str, Any]], config: str) -> list[tuple[str, dict[str, Any]]]:
+def history_runs(history: list[dict[str, Any]], config: str) -> list[tuple[str, dict[str, Any]]]:
     """(run key, run-level figures) of the history runs that measured `config`, newest first: the
     figures a report saved (regression.runs), else its throughput repeats."""
     out = []
@@ -153,7 +153,7 @@ def regression_check(
         return {**out, "status": "short-history"}
     for row in table:
         now = figures.get(row["config"]) or (rs.from_throughputs(_repeats(row)) if _repeats(row) else None)
-        past = _history_runs(history, row["config"])
+        past = history_runs(history, row["config"])
         if now is None or len(past) < spec.min_history:
             out["checks"].append(
                 {
@@ -210,8 +210,9 @@ def describe(check: dict[str, Any]) -> str:
         return "no history: no earlier FINISHED run of this spec hash on this hardware (or MLflow unreachable)"
     if check["status"] == "short-history":
         return f"history too short ({k} of {m} runs)"
-    found = len(check["regressions"])
-    return f"{found} regression(s) against {k} history runs" if found else f"no regression against {k} history runs"
+    found, gone = len(check["regressions"]), len(check.get("unconfirmed") or [])
+    said = f"{found} regression(s) against {k} history runs" if found else f"no regression against {k} history runs"
+    return said + (f" ({gone} alarm(s) not confirmed by a rerun)" if gone else "")
 
 
 def markdown(check: dict[str, Any], spec: Any) -> list[str]:
@@ -242,7 +243,8 @@ def markdown(check: dict[str, Any], spec: Any) -> list[str]:
         md += ["", *power_lines(check)]
         steps = [(c["config"], p) for c in check["checks"] for p in c.get("change_points") or []]
         if steps:
-            md += ["", "Change points in the history (Otava-style: least-squares split, Welch t-test p < 0.001):", ""]
+            md += ["", "Change points in the history (E-divisive style: least-squares split, permutation "
+                   "p < 0.01):", ""]
             md += [f"- {cfg}: a step of {p['change']:+.1%} at {p['run_key']} (p {p['p_value']:.2g})"
                    for cfg, p in steps]
     return md

@@ -9,11 +9,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from pipelines.report import comparison, regression_check
-from pipelines.report_regression import check_throughput, describe, markdown, prediction_test
+from pipelines.report_regression import check_runs, check_throughput, describe, markdown, prediction_test
 from pipelines.spec import RegressionSpec, load_spec
 from training.config import ConfigError, build_config
 
@@ -262,3 +265,110 @@ def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
         assert [h["run_key"] for h in find_history(tracker_for(ctx), ctx, 10)] == ["aa-2", "aa-1", "aa-0"]
     finally:
         steps.finish(ctx)
+
+
+# --- the statistics of the alarm (pipelines/regression_stats.py) ---------------------------------
+
+
+def _fig(log_thr: float, canary: float | None = None, within: float | None = None, df: int = 30) -> dict[str, Any]:
+    return {"log_thr": log_thr, "canary_log": canary, "within_var": within, "within_df": df if within else None,
+            "repeats": 1}
+
+
+def test_batch_means_see_the_autocorrelation_of_neighbouring_steps() -> None:
+    """An AR(1) series (rho 0.9): the variance of its mean is (1 + rho) / (1 - rho) = 19 times what
+    independent steps would give; batch means find most of it, the iid formula none."""
+    from pipelines.regression_stats import batch_means_var
+
+    rng = np.random.default_rng(7)
+    rho, n, reps = 0.9, 1600, 400
+    means, estimates = [], []
+    for _ in range(reps):
+        e = rng.normal(size=n)
+        x = np.empty(n)
+        x[0] = e[0] / math.sqrt(1 - rho**2)
+        for i in range(1, n):
+            x[i] = rho * x[i - 1] + e[i]
+        means.append(x.mean())
+        estimates.append(batch_means_var(list(x))[0])
+    true = float(np.var(means))
+    iid = 1 / (1 - rho**2) / n
+    assert true / iid == pytest.approx(19, rel=0.2)
+    assert statistics.fmean(estimates) == pytest.approx(true, rel=0.25)
+    assert batch_means_var([1.0, 2.0, 3.0]) is None  # one batch: no estimate
+
+
+@settings(max_examples=25, deadline=None)
+@given(sd=st.floats(0.01, 0.3), alpha=st.sampled_from([0.001, 0.01, 0.05]))
+def test_with_a_known_variance_the_detectable_slowdown_is_the_normal_power_formula(sd: float, alpha: float) -> None:
+    """df -> infinity: caught with 95% when the log slowdown is (z_{1-alpha} + z_0.95) sd, unless the
+    minimum effect is larger."""
+    from pipelines.regression_stats import detectable_slowdown, detection_probability
+
+    ref = 1 - math.exp(-(stats.norm.ppf(1 - alpha) + stats.norm.ppf(0.95)) * sd)
+    got = detectable_slowdown(sd**2, 1e9, alpha, 0.01)
+    assert got == pytest.approx(max(ref, 0.01), abs=2e-4)
+    assert detection_probability(got, sd**2, 1e9, alpha, 0.01) == pytest.approx(0.95, abs=1e-3)
+
+
+@pytest.mark.parametrize("df", [2, 5, 9])
+def test_the_detectable_slowdown_is_caught_95_percent_of_the_time_by_the_test_itself(df: int) -> None:
+    """Simulated alarms (the t test with an estimated variance) at the stated detectable slowdown."""
+    from pipelines.regression_stats import detectable_slowdown
+
+    var, alpha, min_effect = 0.05**2, 0.01, 0.05
+    s = detectable_slowdown(var, df, alpha, min_effect)
+    rng = np.random.default_rng(df)
+    n = 200_000
+    d = rng.normal(math.log1p(-s), math.sqrt(var), n)
+    est = var * rng.chisquare(df, n) / df
+    fires = (d / np.sqrt(est) < stats.t.ppf(alpha, df)) & (d < math.log1p(-min_effect))
+    assert fires.mean() == pytest.approx(0.95, abs=0.003)
+
+
+def test_within_run_noise_that_explains_the_history_narrows_the_test() -> None:
+    """The history's spread no larger than its runs' own step noise: no between-run term, the
+    variance is the runs' noise alone and the degrees of freedom those of their steps."""
+    from pipelines.regression_stats import run_test
+
+    hist = [_fig(math.log(v), within=0.008**2, df=40) for v in (1000, 1010, 995, 1005, 990)]
+    assert statistics.variance(h["log_thr"] for h in hist) < 0.008**2
+    now = _fig(math.log(960), within=0.008**2, df=40)
+    res = run_test(now, hist, False, 0.01, 0.01)
+    assert res["variance"] == pytest.approx(0.008**2 * (1 + 1 / 5))
+    assert res["df"] > 40 and res["regressed"]
+    blind = run_test({**now, "within_var": None}, hist, False, 0.01, 0.01)  # the old run-level test
+    assert blind["df"] == 4 and res["detectable_slowdown"] < blind["detectable_slowdown"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(host=st.floats(-0.6, 0.3), slowdown=st.floats(0.0, 0.5))
+def test_the_canary_separates_a_slower_host_from_a_slower_workload(host: float, slowdown: float) -> None:
+    assume(abs(slowdown - 0.05) > 1e-6)
+    """A host slower (or faster) by `host` for everything moves throughput and canary together: the
+    test relative to the canary sees only the workload's own slowdown."""
+    hist = [_fig(math.log(v), canary=math.log(c)) for v, c in
+            [(1000, 20.0), (1030, 20.4), (985, 19.8), (1012, 20.3), (990, 19.7), (1020, 20.1)]]
+    base_x, base_c = statistics.fmean(h["log_thr"] for h in hist), statistics.fmean(h["canary_log"] for h in hist)
+    now = _fig(base_x + math.log1p(host) + math.log1p(-slowdown), canary=base_c + math.log1p(host))
+    res = check_runs(now, hist, RegressionSpec())
+    assert res["basis"] == "canary" and res["host_change"] == pytest.approx(host, abs=1e-9)
+    assert res["effect"] == pytest.approx(-slowdown, abs=1e-9)
+    assert res["raw"]["effect"] == pytest.approx((1 + host) * (1 - slowdown) - 1, abs=1e-9)
+    # the history's normalised sd is under 1%: any slowdown above min_effect (5%) is significant,
+    # whatever the host did; the raw test alone says otherwise whenever host != 0
+    assert res["regressed"] == (slowdown > 0.05)
+    if host < -0.2 and slowdown < 0.04:
+        assert res["raw"]["regressed"] and not res["regressed"]
+
+
+def test_a_step_in_the_history_is_a_change_point_and_noise_is_none() -> None:
+    from pipelines.regression_stats import change_points
+
+    rng = np.random.default_rng(3)
+    step = list(rng.normal(0, 0.02, 8)) + list(rng.normal(math.log(0.8), 0.02, 6))
+    (cp,) = change_points(step)
+    assert cp["index"] == 8 and cp["p_value"] < 0.01 and cp["change"] == pytest.approx(-0.2, abs=0.03)
+    # histories without a step (11 runs, the alarm's history and this run): about 1% show one
+    false = sum(bool(change_points(list(np.random.default_rng(s).normal(0, 0.05, 11)), seed=s)) for s in range(300))
+    assert false <= 9
