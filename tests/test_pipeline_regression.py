@@ -171,7 +171,7 @@ def test_the_injected_delay_and_the_regression_section_keep_the_spec_hash() -> N
     assert load_spec(nightly, {"train.lr": 0.06}).spec_hash() != base.spec_hash()
 
 
-# The end-to-end spec: the cheapest real pipeline (mlp on digits, one config, 8 measured steps, no
+# The end-to-end spec: the cheapest real pipeline (mlp on digits, one config, 14 measured steps, no
 # microbench or profile). Deterministic by construction, not by luck:
 # - A/A: a false alarm needs a slowdown above min_effect = 85%, an A/A run 6.7x slower than the
 #   geometric mean of the runs minutes before it. The widest scatter recorded on this shared
@@ -180,7 +180,7 @@ def test_the_injected_delay_and_the_regression_section_keep_the_spec_hash() -> N
 # - injected: 2 s of sleep in each iteration, against ~5-10 ms per iteration on a quiet machine and
 #   ~70 ms with the load seen here (300 ms would still do): 7.7x slower at least, an effect below
 #   -0.87. alpha = 0.25 at df = 2 needs t below -0.82, met unless the A/A history itself scattered
-#   by more than e^2.4 = 11x, beyond anything recorded.
+#   by more than e^2.4 = 11x, beyond anything recorded. Its confirmation rerun sleeps as long.
 TINY = """\
 version: 1
 name: alarm-e2e
@@ -190,7 +190,7 @@ workloads: [{model: mlp, dataset: digits}]
 algorithms: [{name: ssgd, comm: allreduce}]
 workers: [2]
 batch_sizes: [32]
-steps: 10
+steps: 16
 train: {measure_warmup: 2, threads: 1, timeout_s: 60}
 train_timeout_s: 300
 microbench: {enabled: false}
@@ -201,23 +201,17 @@ regression: {min_history: 2, alpha: 0.25, min_effect: 0.85}
 E2E_CONFIG = "mlp-ssgd-allreduce-w2-b32"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A home with three A/A runs of TINY (their reports) and `run(key, *sets)` for more."""
     import json
 
     from click.testing import CliRunner
-    from mlflow import MlflowClient
 
-    from pipelines import steps
     from pipelines.cli import cli
-    from pipelines.report_regression import find_history
-    from pipelines.tracking import tracker_for
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    spec, home = tmp_path / "alarm-e2e.yaml", tmp_path / "home"
+    tmp = tmp_path_factory.mktemp("alarm")
+    spec, home = tmp / "alarm-e2e.yaml", tmp / "home"
     spec.write_text(TINY)
     runner = CliRunner(env={"COLUMNS": "250", "MLFLOW_TRACKING_URI": None})
 
@@ -227,9 +221,32 @@ def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
         assert out.exit_code == 0, out.output
         return json.loads((home / "runs" / key / "report" / "report.json").read_text())
 
-    keys = ["aa-0", "aa-1", "aa-2"]
-    reports = [run(k) for k in keys]
-    injected = run("injected", "train.inject_delay_ms=2000")
+    patch = pytest.MonkeyPatch()
+    patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    reports = {k: run(k) for k in ("aa-0", "aa-1", "aa-2")}
+    yield {"spec": spec, "home": home, "run": run, "reports": reports}
+    patch.undo()
+
+
+def _client(home: Path) -> tuple[Any, str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    return client, client.get_experiment_by_name("ddlbench-adhoc").experiment_id
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_injected_slowdown_raises_the_alarm_confirmed_by_its_rerun_and_an_aa_rerun_does_not(e2e: Any) -> None:
+    import json
+
+    from pipelines import steps
+    from pipelines.report_regression import find_history
+    from pipelines.tracking import tracker_for
+
+    home, keys = e2e["home"], ["aa-0", "aa-1", "aa-2"]
+    reports = [e2e["reports"][k] for k in keys]
+    injected = e2e["run"]("injected", "train.inject_delay_ms=2000")
     assert [r["regression"]["status"] for r in reports] == ["no-baseline", "short-history", "passed"]
     assert reports[1]["regression"]["history_runs"] == 1
     assert reports[2]["regressions"] == [] and reports[2]["regression"]["history_run_keys"] == ["aa-1", "aa-0"]
@@ -237,9 +254,25 @@ def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
     assert (found["config"], found["figure"], found["history_runs"]) == (E2E_CONFIG, "throughput_samples_per_s", 3)
     assert found["p_value"] < 0.25 and found["effect"] < -0.85 and found["effect_ci"][0] < found["effect"]
     assert injected["spec_hash"] == reports[0]["spec_hash"] and injected["inject_delay_ms"] == 2000
+    # the rerun of the same pipeline run slept as long and agrees; the report shows both
+    conf = found["confirmation"]
+    assert (conf["status"], conf["confirmed"], conf["rerun_keys"]) == ("FINISHED", True, [f"rerun-{E2E_CONFIG}-r0"])
+    assert conf["effect"] < -0.85 and conf["p_value"] < 0.25
+    md = (home / "runs" / "injected" / "report" / "report.md").read_text()
+    assert f"{conf['effect']:+.1%}, p {conf['p_value']:.2g}: agrees" in md
+    # the power line, for every tested config, in report.json and report.md
+    assert 0 < found["detectable_slowdown"] <= 1
+    assert (f"- {E2E_CONFIG}: this run would have caught a slowdown of {found['detectable_slowdown']:.0%} or more"
+            in md)
+    # the canary: every rank before and after its steps, in summary.json and the MLflow run
+    summary = json.loads((home / "runs" / "injected" / "train" / f"{E2E_CONFIG}-r0" / "summary.json").read_text())
+    canary = summary["canary"]
+    assert [r["rank"] for r in canary["ranks"]] == [0, 1]
+    assert all(r[w][k] > 0 for r in canary["ranks"] for w in ("before", "after") for k in ("gemm_gflops", "copy_gbps"))
+    assert canary["seconds"] < 2.0  # about 0.1 s on a quiet core; a loaded one takes longer
+    assert found["basis"] == "canary" and found["normalised"] is not None and found["raw"]["effect"] < -0.85
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("ddlbench-adhoc").experiment_id
+    client, exp = _client(home)
     parents = {
         r.data.tags["ddlbench.run_key"]: r
         for r in client.search_runs([exp], "tags.`ddlbench.node` = 'pipeline'", max_results=20)
@@ -252,15 +285,22 @@ def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
     }
     assert parents["aa-1"].data.tags["ddlbench.regression_detail"] == "history too short (1 of 2 runs)"
     assert parents["injected"].data.tags["ddlbench.inject_delay_ms"] == "2000"
-    assert {p.info.status for p in parents.values()} == {"FINISHED"}
-    (train,) = client.search_runs([exp], "tags.`ddlbench.run_key` = 'injected' AND tags.`ddlbench.node` LIKE 'train/%'")
+    assert {parents[k].info.status for k in [*keys, "injected"]} == {"FINISHED"}
+    trains = client.search_runs([exp], "tags.`ddlbench.run_key` = 'injected' AND tags.`ddlbench.node` LIKE 'train/%'")
+    by_node = {r.data.tags["ddlbench.node"]: r for r in trains}
+    assert set(by_node) == {f"train/{E2E_CONFIG}-r0", f"train/rerun-{E2E_CONFIG}-r0"}
+    train = by_node[f"train/{E2E_CONFIG}-r0"]
     assert train.data.params["inject_delay_ms"] == "2000.0"
+    for w in ("before", "after"):
+        for k in ("gemm_gflops", "copy_gbps"):
+            assert train.data.metrics[f"canary_{k}_{w}"] == pytest.approx(canary[w][k])
+    assert train.data.metrics["canary_speed_log"] == pytest.approx(canary["speed_log"])
     report_run = client.search_runs([exp], "tags.`ddlbench.run_key` = 'injected' AND tags.`ddlbench.node` = 'report'")
     metric = f"{E2E_CONFIG}.throughput_samples_per_s.regression_p_value"
     assert report_run[0].data.metrics[metric] == pytest.approx(found["p_value"])
 
     # the next run's history leaves the injected run out: it measured the sleep, not the hardware
-    ctx = steps.start(str(spec), run_key="probe", home=str(home))
+    ctx = steps.start(str(e2e["spec"]), run_key="probe", home=str(home))
     try:
         assert [h["run_key"] for h in find_history(tracker_for(ctx), ctx, 10)] == ["aa-2", "aa-1", "aa-0"]
     finally:
