@@ -125,7 +125,7 @@ def _figure(run: dict[str, Any], normalised: bool) -> float:
 
 
 def run_test(now: dict[str, Any], history: list[dict[str, Any]], normalised: bool, alpha: float,
-             min_effect: float) -> dict[str, Any]:
+             min_effect: float, power: bool = True) -> dict[str, Any]:
     """The one-sided test that `now` is slower than its history (run-level figures, at least two):
     p-value, relative effect with its 95% interval, variance and degrees of freedom, the verdict
     (p < alpha and a slowdown above min_effect) and the smallest slowdown detectable with 95%."""
@@ -159,7 +159,7 @@ def run_test(now: dict[str, Any], history: list[dict[str, Any]], normalised: boo
         "variance": var,
         "df": df,
         "regressed": p < alpha and effect < -min_effect,
-        "detectable_slowdown": detectable_slowdown(var, df, alpha, min_effect),
+        "detectable_slowdown": detectable_slowdown(var, df, alpha, min_effect) if power else None,
     }
 
 

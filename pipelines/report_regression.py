@@ -89,13 +89,13 @@ def find_history(tracker: Any, ctx: dict[str, Any], size: int) -> list[dict[str,
         return None
 
 
-def check_runs(now: dict[str, Any], history: list[dict[str, Any]], spec: Any) -> dict[str, Any]:
+def check_runs(now: dict[str, Any], history: list[dict[str, Any]], spec: Any, power: bool = True) -> dict[str, Any]:
     """This run's run-level figures (regression_stats.run_level) against the history runs': the
     raw test, the test relative to the canary (when every run has one), the deciding one's figures
     at the top level, and the change of the host's canary speed."""
-    raw = rs.run_test(now, history, False, spec.alpha, spec.min_effect)
+    raw = rs.run_test(now, history, False, spec.alpha, spec.min_effect, power)
     canaried = now["canary_log"] is not None and all(h["canary_log"] is not None for h in history)
-    norm = rs.run_test(now, history, True, spec.alpha, spec.min_effect) if canaried else None
+    norm = rs.run_test(now, history, True, spec.alpha, spec.min_effect, power) if canaried else None
     host = math.exp(now["canary_log"] - statistics.fmean(h["canary_log"] for h in history)) - 1 if canaried else None
     return {**(norm or raw), "raw": raw, "normalised": norm, "host_change": host, "history_runs": len(history)}
 
