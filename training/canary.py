@@ -9,6 +9,13 @@ rank the kernel is a GEMM on the device (timed with a synchronize), otherwise on
 
 The work is fixed (not a fixed time), so its rate is comparable between runs; both phases
 together (before and after) take about 0.1 s per rank on a quiet CPU.
+
+A 50 ms kernel samples the host's contention only briefly, so each rank also reads its threads'
+scheduler accounting (/proc/self/task/*/schedstat: time on a CPU, time runnable but waiting for
+one) over each canary and over the steps. The CPU share, on / (on + waiting), says how much of
+the time it wanted a core the rank had one (a sleep or a blocking receive is neither). The host's
+speed for the steps is then the canary's rate per unit of share (the core's own speed) times the
+share the steps got: `speed_log`.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where the canary runs: pipelines read its figures without it
@@ -26,6 +34,7 @@ GEMM_REPS = 150  # about 7 ms on one quiet core: the canary costs about 0.1 s pe
 COPY_BYTES = 16 << 20  # larger than a typical last-level cache, so the copy measures memory bandwidth
 COPY_REPS = 4
 KINDS = ("gemm_gflops", "copy_gbps")
+SHARES = ("before", "steps", "after")
 
 
 def _timed(fn: Any, reps: int, device: torch.device) -> float:
@@ -70,29 +79,61 @@ def measure(device: torch.device | None = None) -> dict[str, float]:
     }
 
 
+def sched_ns() -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable and waiting) of this process's threads so far; None without
+    schedstat. Threads that ended before the reading are not in it, so spans are taken between
+    readings of a steady set of threads (the training's)."""
+    on = wait = 0
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                fields = (task / "schedstat").read_text().split()
+            except OSError:  # the thread ended between listing and reading
+                continue
+            on, wait = on + int(fields[0]), wait + int(fields[1])
+    except OSError:
+        return None
+    return on, wait
+
+
+def share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The CPU share between two readings: on / (on + waiting); None if unknown."""
+    if not start or not end:
+        return None
+    on, wait = end[0] - start[0], end[1] - start[1]
+    return on / (on + wait) if on > 0 and wait >= 0 else None
+
+
 def speed_log(rates: dict[str, float]) -> float:
-    """One figure of host speed: the mean log rate of the two kernels (what the alarm divides by)."""
+    """The canary's log rate: the mean of the two kernels' log rates."""
     return statistics.fmean(math.log(rates[k]) for k in KINDS)
 
 
 def summarise(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """summary.json's `canary`: each rank's rates before and after the steps, their medians over
-    the ranks, and `speed_log`, the mean of the before and after speed (log) the alarm uses."""
+    """summary.json's `canary`: each rank's rates before and after the steps and its CPU shares,
+    their medians over the ranks, and `speed_log`, the host's speed for the steps (log): the
+    canary's mean log rate per unit of CPU share, plus the log of the steps' share (the share
+    terms left out where schedstat is missing)."""
     ranks = [r for r in per_rank if r.get("before") and r.get("after")]
     if not ranks:
         return {"ranks": per_rank, "speed_log": None}
     out: dict[str, Any] = {"ranks": per_rank}
     for when in ("before", "after"):
         out[when] = {k: statistics.median(r[when][k] for r in ranks) for k in KINDS}
-    out["speed_log"] = statistics.fmean(speed_log(out[w]) for w in ("before", "after"))
+    shares = {w: [r["share"][w] for r in ranks if (r.get("share") or {}).get(w)] for w in SHARES}
+    out["cpu_share"] = {w: statistics.median(v) if len(v) == len(ranks) else None for w, v in shares.items()}
+    core = [speed_log(out[w]) - math.log(out["cpu_share"][w] or 1.0) for w in ("before", "after")]
+    out["speed_log"] = statistics.fmean(core) + math.log(out["cpu_share"]["steps"] or 1.0)
     out["seconds"] = max(r.get("seconds", 0.0) for r in ranks)
     return out
 
 
 def metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The canary's MLflow metrics of a training run: canary_<kind>_<before|after>, canary_speed_log."""
+    """The canary's MLflow metrics of a training run: canary_<kind>_<before|after>,
+    canary_cpu_share_<before|steps|after>, canary_speed_log."""
     c = summary.get("canary") or {}
     out = {f"canary_{k}_{w}": c[w][k] for w in ("before", "after") if c.get(w) for k in KINDS}
+    out |= {f"canary_cpu_share_{w}": v for w, v in (c.get("cpu_share") or {}).items() if v is not None}
     if c.get("speed_log") is not None:
         out["canary_speed_log"] = c["speed_log"]
     return out
@@ -103,11 +144,16 @@ class Canary:
 
     def __init__(self, device: torch.device, rank: int) -> None:
         self.device, self.rank = device, rank
-        self.figures: dict[str, Any] = {"rank": rank, "device": device.type, "seconds": 0.0}
+        self.figures: dict[str, Any] = {"rank": rank, "device": device.type, "seconds": 0.0, "share": {}}
+        self._ended: tuple[int, int] | None = None
 
     def run(self, when: str) -> None:
-        t0 = time.perf_counter()
+        t0, s0 = time.perf_counter(), sched_ns()
+        if when == "after":  # the steps: from the end of the canary before to this one
+            self.figures["share"]["steps"] = share(self._ended, s0)
         self.figures[when] = measure(self.device)
+        self._ended = sched_ns()
+        self.figures["share"][when] = share(s0, self._ended)
         self.figures["seconds"] += time.perf_counter() - t0
 
     def result(self) -> dict[str, Any]:
