@@ -1,26 +1,34 @@
-"""Regression-alarm benchmark (issue 11), run by hand: `python benchmarks/bench_regression.py`.
+"""Regression-alarm benchmark, run by hand (docs/regression.md):
 
-1. Records real throughput distributions of this machine: `--rounds` short training runs of
-   every config of the smoke spec (the same trainer launch the pipeline uses), round-robin so
-   every config sees the same load; saved to `--save` (JSON). `--from FILE` replays a saved one.
-2. Replays histories drawn from those recordings (with replacement: each history run and the
-   "now" run draw `--repeats` repeats) through the alarm of `pipelines.report_regression`:
-   A/A (no change) and with the "now" run slowed by 10% and 20%, for the default history length.
-   Prints the false-alarm rate (goal <= 5%) and the detection rates (goal >= 95% at 20%) with
-   their 95% Wilson intervals, and, as the anchor, the same rates of the old rule (the median
-   against the last run's median with a fixed 10% threshold and every repeat below).
+    python benchmarks/bench_regression.py --save rec.json      # record (takes the cluster lock), then replay
+    python benchmarks/bench_regression.py --from rec.json      # replay a recording
 
-Resampling draws runs independently, so slow drifts of the machine's load (runs of one evening
-that are all slow) are not in the replay; the recorded spread is that of one recording session.
-The recording keeps, per round, the share of the machine's CPU time that other work used (all busy
-CPU time from /proc/stat less this recording's own processes), and the header says whether the
-machine was quiet: a spread recorded under load (other suites on the 2 cores) is not a quiet one.
+1. Records real training runs of every config of a spec (the trainer launch the pipeline uses),
+   round-robin, each round one unslowed run and one each slowed by `train.inject_delay_ms` to 10%
+   and 20% less throughput (the delay is that fraction of the round's unslowed iteration time, so
+   the slowdowns are real sleeps in the iterations, interleaved with unslowed runs under the same
+   load). Each run keeps its run-level figures (pipelines/regression_stats.py: log throughput,
+   within-run variance from its steps, the canary's log speed). Saved after every round.
+2. Replays nights: a history of `--history` runs (unslowed) and tonight's run, each of `--repeats`
+   runs drawn from the recording (with replacement), tonight's from the unslowed (A/A), 10% or 20%
+   runs; with confirmation, an alarm stands only if a rerun (another draw of the same kind) alarms
+   too. Prints the false-alarm rate per config and night (target <= 2%) and the detection rates
+   (targets >= 80% at 10%, >= 95% at 20%) with 95% Wilson intervals, for the alarm (relative to the
+   canary, with and without confirmation), its raw test alone, and the old rule (the median against
+   the last run's median, 10% threshold, every repeat below), all on the same draws.
+
+Resampling draws runs independently, so slow drifts of the machine's load (an evening of slow runs)
+are not in the replay; the spread is that of one recording session. The recording keeps, per round,
+the share of the machine's CPU that other work used, and the header says whether it was quiet.
+A recording from before the canary (`throughput` lists only) replays with multiplied slowdowns.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -32,18 +40,22 @@ import numpy as np
 from scipy.stats import binomtest
 
 from infra.hostload import QUIET, CpuProbe
-from infra.local import LocalProvider
-from pipelines.launch import launch, prepare
-from pipelines.report_regression import check_throughput
+from pipelines.regression_stats import from_throughputs, repeat_figures, run_level
+from pipelines.report_regression import check_runs
 from pipelines.spec import RegressionSpec, grid, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "smoke.yaml"
+LOCK = Path("/tmp/ddlbench-cluster.lock")
+KINDS = {"aa": 0.0, "slow10": 0.10, "slow20": 0.20}
 
 
-def record(rounds: int, spec_path: Path, save: Path) -> dict[str, Any]:
-    """`rounds` real runs of every config of the spec (repeat 0 of each), round-robin; saved to
-    `save` after every round, so an interrupted recording keeps what it measured."""
+def record(rounds: int, spec_path: Path, save: Path, steps: int | None) -> dict[str, Any]:
+    """`rounds` rounds of real runs of every config of the spec (repeat 0), each an unslowed run
+    and runs slowed by 10% and 20%; under the cluster lock; saved after every round."""
+    from infra.local import LocalProvider
+    from pipelines.launch import launch, prepare
+
     spec = load_spec(spec_path)
     entries = [e for e in grid(spec) if e["repeat"] == 0]
     rec: dict[str, Any] = {
@@ -53,17 +65,28 @@ def record(rounds: int, spec_path: Path, save: Path) -> dict[str, Any]:
         "rounds": 0,
         "cores": os.cpu_count(),
         "other_load": [],  # per round: CPU time of other work / (cores x wall time)
-        "throughput": {e["key"].removesuffix("-r0"): [] for e in entries},
+        "records": {e["key"].removesuffix("-r0"): {k: [] for k in KINDS} for e in entries},
     }
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as d:
+    with open(LOCK, "a") as lock, tempfile.TemporaryDirectory() as d:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one user of the machine's benchmarks at a time
         for r in range(rounds):
             probe = CpuProbe()
             for e in entries:
-                cfg = prepare(e["config"], "bench")
-                out = Path(d) / f"{e['key']}-{r}"
-                s = launch(cfg, out, LocalProvider(), timeout_s=spec.train_timeout_s, echo=False)
-                rec["throughput"][e["key"].removesuffix("-r0")].append(s["throughput_samples_per_s"])
+                config = e["key"].removesuffix("-r0")
+                iteration = None
+                for kind, slow in KINDS.items():
+                    values = dict(e["config"], **({"steps": steps} if steps else {}))
+                    if slow:  # iteration x s / (1 - s) of sleep: s less throughput
+                        values["inject_delay_ms"] = round(1000 * iteration * slow / (1 - slow), 2)
+                    out = Path(d) / f"{config}-{r}-{kind}"
+                    s = launch(prepare(values, "bench"), out, LocalProvider(), timeout_s=spec.train_timeout_s,
+                               echo=False)
+                    if not slow:
+                        iteration = s["global_batch_size"] / s["throughput_samples_per_s"]
+                    rec["records"][config][kind].append(
+                        {**repeat_figures(out), "delay_ms": values.get("inject_delay_ms", 0.0)}
+                    )
             rec["other_load"].append(round(probe.other_share() or 0.0, 3))
             rec["rounds"] = r + 1
             save.write_text(json.dumps(rec, indent=2))
@@ -71,28 +94,45 @@ def record(rounds: int, spec_path: Path, save: Path) -> dict[str, Any]:
     return rec
 
 
+def legacy(rec: dict[str, Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """A recording of throughputs only: runs known by their throughput, slowdowns multiplied in."""
+    out = {}
+    for config, values in rec["throughput"].items():
+        out[config] = {
+            kind: [{**from_throughputs([v * (1 - slow)]), "repeats": 1} for v in values] for kind, slow in KINDS.items()
+        }
+    return out
+
+
 def old_rule(now: list[float], history: list[list[float]], drop: float = 0.10) -> bool:
-    """The alarm this replaces: the median against the last run's median, a fixed threshold, and
-    every repeat below that median."""
+    """The alarm of before the statistical test: the median against the last run's median, a fixed
+    threshold, and every repeat below that median."""
     base = statistics.median(history[0])
     return 1 - statistics.median(now) / base > drop and all(x < base for x in now)
 
 
-def replay(
-    values: list[float], spec: RegressionSpec, runs: int, repeats: int, slowdown: float, trials: int, seed: int
-) -> tuple[int, int]:
-    """Alarms of the new test and of the old rule over `trials` histories of `runs` runs drawn
-    from `values` (with replacement), the "now" run slowed by `slowdown`."""
+def replay(records: dict[str, list[dict[str, Any]]], kind: str, spec: RegressionSpec, runs: int, repeats: int,
+           trials: int, seed: int) -> dict[str, int]:
+    """Alarms over `trials` nights: the alarm without and with confirmation, its raw test alone, the
+    old rule; history from the unslowed runs, tonight (and its rerun) from `kind`."""
     rng = np.random.default_rng(seed)
-    new = old = 0
-    for _ in range(trials):
-        draw = rng.choice(values, size=(runs + 1, repeats))
-        history = [list(row) for row in draw[1:]]
-        now = list(draw[0] * (1 - slowdown))
-        new += check_throughput(now, history, spec)["regressed"]
-        old += old_rule(now, history)
-    return new, old
+    base, now_pool = records["aa"], records[kind]
 
+    def draw(pool: list[dict[str, Any]]) -> tuple[dict[str, Any], list[float]]:
+        picks = [pool[i] for i in rng.integers(len(pool), size=repeats)]
+        return run_level(picks), [math.exp(p["log_thr"]) for p in picks]
+
+    counts = dict.fromkeys(("alarm", "confirmed", "raw", "old"), 0)
+    for _ in range(trials):
+        hist = [draw(base) for _ in range(runs)]
+        now, now_thr = draw(now_pool)
+        res = check_runs(now, [h for h, _ in hist], spec, power=False)
+        counts["alarm"] += res["regressed"]
+        counts["raw"] += res["raw"]["regressed"]
+        counts["old"] += old_rule(now_thr, [t for _, t in hist])
+        if res["regressed"]:
+            counts["confirmed"] += check_runs(draw(now_pool)[0], [h for h, _ in hist], spec, power=False)["regressed"]
+    return counts
 
 
 def _load(rec: dict[str, Any]) -> str:
@@ -114,50 +154,47 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", type=Path, help="replay a recording saved by an earlier run")
     ap.add_argument("--save", type=Path, default=Path("bench_regression_recording.json"))
-    ap.add_argument("--rounds", type=int, default=20, help="recorded runs per config")
+    ap.add_argument("--rounds", type=int, default=12, help="recorded rounds (each: unslowed, 10%%, 20%% per config)")
     ap.add_argument("--spec", type=Path, default=SMOKE)
-    ap.add_argument("--trials", type=int, default=2000, help="replayed histories per config and case")
-    ap.add_argument("--repeats", type=int, nargs="+", default=[1, 3], help="repeats per run (smoke 1, nightly 3)")
+    ap.add_argument("--steps", type=int, help="training steps per recorded run (the spec's if not given)")
+    ap.add_argument("--trials", type=int, default=2000, help="replayed nights per config and case")
+    ap.add_argument("--repeats", type=int, nargs="+", default=[3], help="repeats per run (nightly 3)")
+    ap.add_argument("--history", type=int, nargs="+", default=[RegressionSpec().history], help="history runs")
     ap.add_argument("--alpha", type=float, default=RegressionSpec().alpha)
     ap.add_argument("--min-effect", type=float, default=RegressionSpec().min_effect)
     args = ap.parse_args()
     if args.source:
         rec = json.loads(args.source.read_text())
     else:
-        rec = record(args.rounds, args.spec, args.save)
+        rec = record(args.rounds, args.spec, args.save, args.steps)
         print(f"recording saved to {args.save}")
+    records = rec.get("records") or legacy(rec)
     spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect)
-    print(f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} runs per config, {_load(rec)}):")
-    for config, vals in rec["throughput"].items():
-        med = statistics.median(vals)
-        print(
-            f"    {config}: {med:.0f} samples/s [{min(vals):.0f}, {max(vals):.0f}], "
-            f"spread {min(vals) / med - 1:+.0%} / {max(vals) / med - 1:+.0%}"
-        )
-    print(
-        f"alarm: alpha {spec.alpha}, min_effect {spec.min_effect:.0%}; rates with 95% Wilson intervals, "
-        f"{args.trials} histories per config and case; anchor: the old rule (median vs last run's median, "
-        "10% threshold, every repeat below)"
-    )
+    print(f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} rounds, {_load(rec)}):")
+    for config, kinds in records.items():
+        thr = [math.exp(r["log_thr"]) for r in kinds["aa"]]
+        med = statistics.median(thr)
+        norm = [r["log_thr"] - r["canary_log"] for r in kinds["aa"] if r.get("canary_log") is not None]
+        print(f"    {config}: {med:.0f} samples/s, spread {min(thr) / med - 1:+.0%} / {max(thr) / med - 1:+.0%}; "
+              f"sd of log throughput {statistics.stdev(math.log(t) for t in thr):.3f}"
+              + (f", relative to the canary {statistics.stdev(norm):.3f}" if len(norm) > 1 else ""))
+        for kind in ("slow10", "slow20"):
+            got = statistics.median(r["log_thr"] for r in kinds[kind]) - statistics.median(math.log(t) for t in thr)
+            print(f"      {kind}: median throughput {math.expm1(got):+.1%} against the unslowed runs")
+    print(f"alarm: alpha {spec.alpha}, min_effect {spec.min_effect:.0%}; rates with 95% Wilson intervals over "
+          f"{args.trials} nights per config and case")
+    goals = {"aa": "false alarms (<= 2%)", "slow10": "caught at 10% (>= 80%)", "slow20": "caught at 20% (>= 95%)"}
     for repeats in args.repeats:
-        for runs in sorted({spec.min_history, spec.history}):
+        for runs in args.history:
             print(f"  history {runs} runs x {repeats} repeat(s):")
-            for slowdown, goal in (
-                (0.0, "false alarms, goal <= 5%"),
-                (0.10, "detection at 10%, stated"),
-                (0.20, "detection at 20%, goal >= 95%"),
-            ):
-                new = old = 0
-                per_config = []
-                for i, vals in enumerate(rec["throughput"].values()):
-                    n, o = replay(vals, spec, runs, repeats, slowdown, args.trials, seed=1000 * i + runs)
-                    new, old = new + n, old + o
-                    per_config.append(n / args.trials)
-                total = args.trials * len(per_config)
-                print(
-                    f"    {goal:31s}: {_rate(new, total)}  per config median {statistics.median(per_config):.1%} "
-                    f"[{min(per_config):.1%}, {max(per_config):.1%}];  old rule {_rate(old, total)}"
-                )
+            for kind, goal in goals.items():
+                total = dict.fromkeys(("alarm", "confirmed", "raw", "old"), 0)
+                for i, kinds in enumerate(records.values()):
+                    got = replay(kinds, kind, spec, runs, repeats, args.trials, seed=1000 * i + 10 * runs + repeats)
+                    total = {k: total[k] + got[k] for k in total}
+                n = args.trials * len(records)
+                print(f"    {goal:24s} alarm {_rate(total['alarm'], n)}; confirmed {_rate(total['confirmed'], n)}; "
+                      f"raw test {_rate(total['raw'], n)}; old rule {_rate(total['old'], n)}")
 
 
 if __name__ == "__main__":

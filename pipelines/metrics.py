@@ -5,12 +5,15 @@ metric names its MLflow run carries (units in the names), both ways.
     iter_time_<q>_s        summary["iter_time_s"][<q>]         (p50, p90, ...)
     <phase>_s              summary["breakdown_s"][<phase>]     (data, forward, backward, ...)
     staleness_mean_steps, staleness_max_steps                 summary["staleness"]
+    canary_<kind>_<when>, canary_cpu_share_<when>, canary_speed_log   summary["canary"] (training/canary.py)
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from training.canary import metrics as canary_metrics
 
 # Summary figures logged as MLflow metrics under the same names.
 SUMMARY_METRICS = (
@@ -48,6 +51,7 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float | None]:
     if summary.get("staleness"):
         out["staleness_mean_steps"] = summary["staleness"]["mean"]
         out["staleness_max_steps"] = summary["staleness"]["max"]
+    out |= canary_metrics(summary)
     return {k: v for k, v in out.items() if isinstance(v, int | float)}
 
 

@@ -6,18 +6,16 @@ label (MLflow search on the parent's tags, newest first, this run key and runs w
 excluded), each with its report.json artifact. Fewer than `regression.min_history` runs: no
 statement, the report and the tag say "history too short (k of m runs)".
 
-Test, per config, on log throughput: every run (a history run or this one) is one value, the mean of
-its repeats' logs, so it works with one repeat per run and the spread between runs (the machine's
-load, which repeats of one run share) is what the test sees. Under no change this run's value is one
-more draw from the history's run-level distribution, so
-    t = (x_now - mean(x_hist)) / (s_hist * sqrt(1 + 1/k)),  k history runs,
-follows Student's t with k-1 degrees of freedom (a prediction-interval test, exact for normal
-run-level values); the one-sided p-value is P(T <= t). The effect is the relative change of the
-run-level geometric mean, exp(x_now - mean(x_hist)) - 1, with its 95% interval from the same t
-distribution. A regression needs p < `regression.alpha` AND a slowdown larger than
-`regression.min_effect`: a significant 1% change is no alarm. The false-alarm and detection rates of
-the defaults are measured on A/A replays of this machine's recorded runs by
-benchmarks/bench_regression.py.
+Test, per config, on log throughput (pipelines/regression_stats.py, docs/regression.md): every run
+(a history run or this one) is one value, the mean of its repeats' logs, with a within-run variance
+from its own steps (batch means); the test's variance combines the history's between-run spread with
+the runs' within-run noise. It is made twice: on the raw throughput, and relative to the host-speed
+canary each run timed (training/canary.py), which decides when every run has a canary, so a host
+slower tonight for every workload is no regression of one. A regression needs p < `regression.alpha`
+AND a slowdown larger than `regression.min_effect`: a significant 1% change is no alarm. Each check
+states its power, `detectable_slowdown` (the smallest slowdown caught with 95% probability), and the
+change points of the configuration's history. A confirmation rerun (pipelines/stages/confirm.py)
+decides whether an alarm stands.
 
 The prediction error (median absolute error of the validation) is tested the same way on its
 absolute value: a rise above the history with p < alpha and by more than
@@ -32,14 +30,16 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
+from pipelines import regression_stats as rs
+from pipelines.regression_stats import prediction_test
 
 STATISTIC = (
-    "one-sided t prediction test of this run's mean log throughput over repeats against the run-level "
-    "distribution of the history (same spec hash and hardware); a regression needs p < alpha and a "
-    "slowdown above min_effect"
+    "one-sided t test of this run's mean log throughput over repeats against the run-level distribution "
+    "of the history (same spec hash and hardware), its variance the history's between-run spread plus "
+    "each run's within-run noise (batch means of its steps); made raw and relative to the host-speed "
+    "canary, which decides; a regression needs p < alpha and a slowdown above min_effect, and stands "
+    "only if a rerun agrees"
 )
-CI_LEVEL = 0.95
 INJECTED = "inject_delay_ms"
 
 
@@ -89,35 +89,39 @@ def find_history(tracker: Any, ctx: dict[str, Any], size: int) -> list[dict[str,
         return None
 
 
-def prediction_test(now: list[float], history: list[float], log: bool, below: bool = True) -> dict[str, Any]:
-    """One-sided test that `now` (one run's repeats) lies below (or above) the history's run-level
-    values (one per run): p-value, and the change of now against the history with its 95% interval
-    (relative on log scale, absolute otherwise). Needs at least two history values."""
-    f = math.log if log else float
-    x = statistics.fmean(f(v) for v in now)
-    ys = [f(v) for v in history]
-    k = len(ys)
-    d = x - statistics.fmean(ys)
-    se = statistics.stdev(ys) * math.sqrt(1 + 1 / k)
-    if se > 0:
-        p = float(stats.t.cdf(d / se, k - 1) if below else stats.t.sf(d / se, k - 1))
-        half = float(stats.t.ppf(0.5 + CI_LEVEL / 2, k - 1)) * se
-    else:  # a history without spread: any change is certain
-        p, half = (0.0 if (d < 0 if below else d > 0) else 1.0), 0.0
-    back = (lambda v: math.exp(v) - 1) if log else (lambda v: v)
-    return {"p_value": p, "effect": back(d), "effect_ci": [back(d - half), back(d + half)]}
+def check_runs(now: dict[str, Any], history: list[dict[str, Any]], spec: Any, power: bool = True) -> dict[str, Any]:
+    """This run's run-level figures (regression_stats.run_level) against the history runs': the
+    raw test, the test relative to the canary (when every run has one), the deciding one's figures
+    at the top level, and the change of the host's canary speed."""
+    raw = rs.run_test(now, history, False, spec.alpha, spec.min_effect, power)
+    canaried = now["canary_log"] is not None and all(h["canary_log"] is not None for h in history)
+    norm = rs.run_test(now, history, True, spec.alpha, spec.min_effect, power) if canaried else None
+    host = math.exp(now["canary_log"] - statistics.fmean(h["canary_log"] for h in history)) - 1 if canaried else None
+    return {**(norm or raw), "raw": raw, "normalised": norm, "host_change": host, "history_runs": len(history)}
 
 
 def check_throughput(now: list[float], history: list[list[float]], spec: Any) -> dict[str, Any]:
-    """This run's throughput repeats against the history runs' repeats (lists, one per run)."""
-    run_level = [math.exp(statistics.fmean(math.log(v) for v in run)) for run in history]
-    test = prediction_test(now, run_level, log=True)
-    regressed = test["p_value"] < spec.alpha and test["effect"] < -spec.min_effect
-    return {**test, "regressed": regressed, "history_runs": len(history)}
+    """This run's throughput repeats against the history runs' repeats (lists, one per run), runs
+    known by their throughputs alone (no within-run figures, no canary)."""
+    return check_runs(rs.from_throughputs(now), [rs.from_throughputs(r) for r in history], spec)
 
 
 def _repeats(row: dict[str, Any]) -> list[float]:
     return [x for x in row.get("throughput_repeats") or [] if x]
+
+
+def history_runs(history: list[dict[str, Any]], config: str) -> list[tuple[str, dict[str, Any]]]:
+    """(run key, run-level figures) of the history runs that measured `config`, newest first: the
+    figures a report saved (regression.runs), else its throughput repeats."""
+    out = []
+    for h in history:
+        saved = ((h["report"].get("regression") or {}).get("runs") or {}).get(config)
+        rows = [r for r in h["report"].get("comparison", []) if r["config"] == config and _repeats(r)]
+        if saved:
+            out.append((h["run_key"], saved))
+        elif rows:
+            out.append((h["run_key"], rs.from_throughputs(_repeats(rows[0]))))
+    return out
 
 
 def regression_check(
@@ -126,11 +130,16 @@ def regression_check(
     history: list[dict[str, Any]] | None,
     spec: Any,
     injected_ms: float = 0.0,
+    figures: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The check of this run against its history: status (the `ddlbench.regression` tag:
-    regressed, passed, short-history or no-baseline), the findings and every test made."""
+    regressed, passed, short-history or no-baseline), the findings and every test made.
+    `figures`: this run's run-level figures per config (regression_stats.config_figures), kept in
+    the check as `runs` for the runs after it; without them a config is known by its repeats."""
     history = history or []
+    figures = figures or {}
     out: dict[str, Any] = {
+        "runs": figures,
         "history_run_keys": [h["run_key"] for h in history],
         "history_runs": len(history),
         "min_history": spec.min_history,
@@ -143,31 +152,31 @@ def regression_check(
     if len(history) < spec.min_history:
         return {**out, "status": "short-history"}
     for row in table:
-        now = _repeats(row)
-        past = [r for h in history for r in h["report"].get("comparison", []) if r["config"] == row["config"]]
-        runs = [_repeats(r) for r in past if _repeats(r)]
-        if not now or len(runs) < spec.min_history:
+        now = figures.get(row["config"]) or (rs.from_throughputs(_repeats(row)) if _repeats(row) else None)
+        past = history_runs(history, row["config"])
+        if now is None or len(past) < spec.min_history:
             out["checks"].append(
                 {
                     "config": row["config"],
                     "figure": "throughput_samples_per_s",
-                    "history_runs": len(runs),
+                    "history_runs": len(past),
                     "regressed": False,
                     "p_value": None,
                 }
             )
             continue
-        res = check_throughput(now, runs, spec)
+        res = check_runs(now, [r for _, r in past], spec)
         out["checks"].append(
             {
                 "config": row["config"],
                 "figure": "throughput_samples_per_s",
-                "baseline": statistics.median(statistics.median(r) for r in runs),
+                "baseline": statistics.median(math.exp(r["log_thr"]) for _, r in past),
                 "now": row["throughput_median"],
                 "change": res["effect"],
                 "threshold": spec.min_effect,
                 "alpha": spec.alpha,
                 **res,
+                "change_points": rs.history_change_points(now, past, res["basis"]),
             }
         )
     errors = [(h["report"].get("validation") or {}).get("median_abs_error") for h in history]
@@ -201,8 +210,9 @@ def describe(check: dict[str, Any]) -> str:
         return "no history: no earlier FINISHED run of this spec hash on this hardware (or MLflow unreachable)"
     if check["status"] == "short-history":
         return f"history too short ({k} of {m} runs)"
-    found = len(check["regressions"])
-    return f"{found} regression(s) against {k} history runs" if found else f"no regression against {k} history runs"
+    found, gone = len(check["regressions"]), len(check.get("unconfirmed") or [])
+    said = f"{found} regression(s) against {k} history runs" if found else f"no regression against {k} history runs"
+    return said + (f" ({gone} alarm(s) not confirmed by a rerun)" if gone else "")
 
 
 def markdown(check: dict[str, Any], spec: Any) -> list[str]:
@@ -225,22 +235,59 @@ def markdown(check: dict[str, Any], spec: Any) -> list[str]:
     if check["checks"]:
         md += [
             "",
-            "| config | figure | history median | now | change [95% CI] | p-value | regressed |",
-            "|---|---|---|---|---|---|---|",
+            "| config | figure | history median | now | change raw [95% CI] | change vs canary [95% CI] | p-value "
+            "| detectable | rerun | regressed |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for c in check["checks"]:
-            if c["p_value"] is None:
-                md.append(
-                    f"| {c['config']} | {c['figure']} | - | - | history too short ({c['history_runs']} runs) | - | no |"
-                )
-                continue
-            lo, hi = c["effect_ci"]
-            pct = c["figure"] == "throughput_samples_per_s"
-            change = (
-                f"{c['change']:+.1%} [{lo:+.1%}, {hi:+.1%}]" if pct else f"{c['change']:+.3g} [{lo:+.3g}, {hi:+.3g}]"
-            )
-            md.append(
-                f"| {c['config']} | {c['figure']} | {c['baseline']:.4g} | {c['now']:.4g} | {change} "
-                f"| {c['p_value']:.2g} | {'**yes**' if c['regressed'] else 'no'} |"
-            )
+        md += [_row(c) for c in check["checks"]]
+        md += ["", *power_lines(check)]
+        steps = [(c["config"], p) for c in check["checks"] for p in c.get("change_points") or []]
+        if steps:
+            md += ["", "Change points in the history (E-divisive style: least-squares split, permutation "
+                   "p < 0.01):", ""]
+            md += [f"- {cfg}: a step of {p['change']:+.1%} at {p['run_key']} (p {p['p_value']:.2g})"
+                   for cfg, p in steps]
     return md
+
+
+def _pct(t: dict[str, Any] | None) -> str:
+    if not t:
+        return "-"
+    lo, hi = t["effect_ci"]
+    return f"{t['effect']:+.1%} [{lo:+.1%}, {hi:+.1%}]"
+
+
+def _rerun(c: dict[str, Any]) -> str:
+    conf = c.get("confirmation")
+    if not conf:
+        return "-"
+    if conf.get("status") != "FINISHED":
+        return "rerun failed"
+    return f"{conf['effect']:+.1%}, p {conf['p_value']:.2g}: {'agrees' if conf['confirmed'] else 'does not agree'}"
+
+
+def _row(c: dict[str, Any]) -> str:
+    if c["p_value"] is None:
+        short = f"history too short ({c['history_runs']} runs)"
+        return f"| {c['config']} | {c['figure']} | - | - | {short} | - | - | - | - | no |"
+    regressed = "**yes**" if c["regressed"] else ("no (rerun disagrees)" if c.get("unconfirmed") else "no")
+    if c["figure"] != "throughput_samples_per_s":
+        lo, hi = c["effect_ci"]
+        change, norm, detect = f"{c['change']:+.3g} [{lo:+.3g}, {hi:+.3g}]", "-", "-"
+    else:
+        change, norm, detect = _pct(c.get("raw")), _pct(c.get("normalised")), f"{c['detectable_slowdown']:.0%}"
+    return (f"| {c['config']} | {c['figure']} | {c['baseline']:.4g} | {c['now']:.4g} | {change} | {norm} "
+            f"| {c['p_value']:.2g} | {detect} | {_rerun(c)} | {regressed} |")
+
+
+def power_lines(check: dict[str, Any]) -> list[str]:
+    """Per tested config, the alarm's power: the smallest slowdown caught with 95% probability."""
+    out = []
+    for c in check["checks"]:
+        if c.get("detectable_slowdown") is None:
+            continue
+        basis = "relative to the canary" if c["basis"] == "canary" else "raw"
+        host = f"; the host's canary ran {c['host_change']:+.0%} against the history" if c.get("host_change") else ""
+        out.append(f"- {c['config']}: this run would have caught a slowdown of {c['detectable_slowdown']:.0%} or "
+                   f"more (95% probability at alpha {c['alpha']:.3g}, {basis}, {c['history_runs']} history runs{host})")
+    return out

@@ -9,11 +9,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from pipelines.report import comparison, regression_check
-from pipelines.report_regression import check_throughput, describe, markdown, prediction_test
+from pipelines.report_regression import check_runs, check_throughput, describe, markdown, prediction_test
 from pipelines.spec import RegressionSpec, load_spec
 from training.config import ConfigError, build_config
 
@@ -86,7 +89,7 @@ def test_no_change_passes_and_a_30_percent_slowdown_regresses() -> None:
     gmean = math.exp(statistics.fmean(math.log(v) for v in HISTORY))
     assert f["effect"] == pytest.approx(700 / gmean - 1) and f["change"] == f["effect"]
     assert f["effect_ci"][0] < -0.3 < f["effect_ci"][1] < -0.2
-    assert f["baseline"] == statistics.median(HISTORY) and f["now"] == 700.0
+    assert f["baseline"] == pytest.approx(statistics.median(HISTORY)) and f["now"] == 700.0
     assert describe(slow) == "1 regression(s) against 10 history runs"
 
 
@@ -96,7 +99,11 @@ def test_repeats_of_this_run_enter_as_one_run_level_value() -> None:
     now = [812.0, 790.0, 805.0]
     res = check_throughput(now, runs, RegressionSpec())
     run_level = [math.exp(statistics.fmean(math.log(x) for x in r)) for r in runs]
-    assert res == {**prediction_test(now, run_level, log=True), "regressed": True, "history_runs": 10}
+    ref = prediction_test(now, run_level, log=True)
+    assert (res["p_value"], res["effect"]) == pytest.approx((ref["p_value"], ref["effect"]), rel=1e-12)
+    assert res["effect_ci"] == pytest.approx(ref["effect_ci"], rel=1e-12)
+    assert (res["regressed"], res["history_runs"], res["basis"], res["df"]) == (True, 10, "raw", 9)
+    assert res["normalised"] is None and res["host_change"] is None  # no canary in these runs
 
 
 def test_a_significant_change_below_the_minimum_effect_is_no_regression() -> None:
@@ -164,7 +171,7 @@ def test_the_injected_delay_and_the_regression_section_keep_the_spec_hash() -> N
     assert load_spec(nightly, {"train.lr": 0.06}).spec_hash() != base.spec_hash()
 
 
-# The end-to-end spec: the cheapest real pipeline (mlp on digits, one config, 8 measured steps, no
+# The end-to-end spec: the cheapest real pipeline (mlp on digits, one config, 14 measured steps, no
 # microbench or profile). Deterministic by construction, not by luck:
 # - A/A: a false alarm needs a slowdown above min_effect = 85%, an A/A run 6.7x slower than the
 #   geometric mean of the runs minutes before it. The widest scatter recorded on this shared
@@ -173,7 +180,7 @@ def test_the_injected_delay_and_the_regression_section_keep_the_spec_hash() -> N
 # - injected: 2 s of sleep in each iteration, against ~5-10 ms per iteration on a quiet machine and
 #   ~70 ms with the load seen here (300 ms would still do): 7.7x slower at least, an effect below
 #   -0.87. alpha = 0.25 at df = 2 needs t below -0.82, met unless the A/A history itself scattered
-#   by more than e^2.4 = 11x, beyond anything recorded.
+#   by more than e^2.4 = 11x, beyond anything recorded. Its confirmation rerun sleeps as long.
 TINY = """\
 version: 1
 name: alarm-e2e
@@ -183,7 +190,7 @@ workloads: [{model: mlp, dataset: digits}]
 algorithms: [{name: ssgd, comm: allreduce}]
 workers: [2]
 batch_sizes: [32]
-steps: 10
+steps: 16
 train: {measure_warmup: 2, threads: 1, timeout_s: 60}
 train_timeout_s: 300
 microbench: {enabled: false}
@@ -194,23 +201,17 @@ regression: {min_history: 2, alpha: 0.25, min_effect: 0.85}
 E2E_CONFIG = "mlp-ssgd-allreduce-w2-b32"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A home with three A/A runs of TINY (their reports) and `run(key, *sets)` for more."""
     import json
 
     from click.testing import CliRunner
-    from mlflow import MlflowClient
 
-    from pipelines import steps
     from pipelines.cli import cli
-    from pipelines.report_regression import find_history
-    from pipelines.tracking import tracker_for
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    spec, home = tmp_path / "alarm-e2e.yaml", tmp_path / "home"
+    tmp = tmp_path_factory.mktemp("alarm")
+    spec, home = tmp / "alarm-e2e.yaml", tmp / "home"
     spec.write_text(TINY)
     runner = CliRunner(env={"COLUMNS": "250", "MLFLOW_TRACKING_URI": None})
 
@@ -220,9 +221,32 @@ def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
         assert out.exit_code == 0, out.output
         return json.loads((home / "runs" / key / "report" / "report.json").read_text())
 
-    keys = ["aa-0", "aa-1", "aa-2"]
-    reports = [run(k) for k in keys]
-    injected = run("injected", "train.inject_delay_ms=2000")
+    patch = pytest.MonkeyPatch()
+    patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    reports = {k: run(k) for k in ("aa-0", "aa-1", "aa-2")}
+    yield {"spec": spec, "home": home, "run": run, "reports": reports}
+    patch.undo()
+
+
+def _client(home: Path) -> tuple[Any, str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    return client, client.get_experiment_by_name("ddlbench-adhoc").experiment_id
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_injected_slowdown_raises_the_alarm_confirmed_by_its_rerun_and_an_aa_rerun_does_not(e2e: Any) -> None:
+    import json
+
+    from pipelines import steps
+    from pipelines.report_regression import find_history
+    from pipelines.tracking import tracker_for
+
+    home, keys = e2e["home"], ["aa-0", "aa-1", "aa-2"]
+    reports = [e2e["reports"][k] for k in keys]
+    injected = e2e["run"]("injected", "train.inject_delay_ms=2000")
     assert [r["regression"]["status"] for r in reports] == ["no-baseline", "short-history", "passed"]
     assert reports[1]["regression"]["history_runs"] == 1
     assert reports[2]["regressions"] == [] and reports[2]["regression"]["history_run_keys"] == ["aa-1", "aa-0"]
@@ -230,9 +254,25 @@ def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
     assert (found["config"], found["figure"], found["history_runs"]) == (E2E_CONFIG, "throughput_samples_per_s", 3)
     assert found["p_value"] < 0.25 and found["effect"] < -0.85 and found["effect_ci"][0] < found["effect"]
     assert injected["spec_hash"] == reports[0]["spec_hash"] and injected["inject_delay_ms"] == 2000
+    # the rerun of the same pipeline run slept as long and agrees; the report shows both
+    conf = found["confirmation"]
+    assert (conf["status"], conf["confirmed"], conf["rerun_keys"]) == ("FINISHED", True, [f"rerun-{E2E_CONFIG}-r0"])
+    assert conf["effect"] < -0.85 and conf["p_value"] < 0.25
+    md = (home / "runs" / "injected" / "report" / "report.md").read_text()
+    assert f"{conf['effect']:+.1%}, p {conf['p_value']:.2g}: agrees" in md
+    # the power line, for every tested config, in report.json and report.md
+    assert 0 < found["detectable_slowdown"] <= 1
+    assert (f"- {E2E_CONFIG}: this run would have caught a slowdown of {found['detectable_slowdown']:.0%} or more"
+            in md)
+    # the canary: every rank before and after its steps, in summary.json and the MLflow run
+    summary = json.loads((home / "runs" / "injected" / "train" / f"{E2E_CONFIG}-r0" / "summary.json").read_text())
+    canary = summary["canary"]
+    assert [r["rank"] for r in canary["ranks"]] == [0, 1]
+    assert all(r[w][k] > 0 for r in canary["ranks"] for w in ("before", "after") for k in ("gemm_gflops", "copy_gbps"))
+    assert canary["seconds"] < 2.0  # about 0.1 s on a quiet core; a loaded one takes longer
+    assert found["basis"] == "canary" and found["normalised"] is not None and found["raw"]["effect"] < -0.85
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("ddlbench-adhoc").experiment_id
+    client, exp = _client(home)
     parents = {
         r.data.tags["ddlbench.run_key"]: r
         for r in client.search_runs([exp], "tags.`ddlbench.node` = 'pipeline'", max_results=20)
@@ -245,16 +285,130 @@ def test_an_injected_slowdown_raises_the_alarm_and_an_aa_rerun_does_not(
     }
     assert parents["aa-1"].data.tags["ddlbench.regression_detail"] == "history too short (1 of 2 runs)"
     assert parents["injected"].data.tags["ddlbench.inject_delay_ms"] == "2000"
-    assert {p.info.status for p in parents.values()} == {"FINISHED"}
-    (train,) = client.search_runs([exp], "tags.`ddlbench.run_key` = 'injected' AND tags.`ddlbench.node` LIKE 'train/%'")
+    assert {parents[k].info.status for k in [*keys, "injected"]} == {"FINISHED"}
+    trains = client.search_runs([exp], "tags.`ddlbench.run_key` = 'injected' AND tags.`ddlbench.node` LIKE 'train/%'")
+    by_node = {r.data.tags["ddlbench.node"]: r for r in trains}
+    assert set(by_node) == {f"train/{E2E_CONFIG}-r0", f"train/rerun-{E2E_CONFIG}-r0"}
+    train = by_node[f"train/{E2E_CONFIG}-r0"]
     assert train.data.params["inject_delay_ms"] == "2000.0"
+    for w in ("before", "after"):
+        for k in ("gemm_gflops", "copy_gbps"):
+            assert train.data.metrics[f"canary_{k}_{w}"] == pytest.approx(canary[w][k])
+    assert train.data.metrics["canary_speed_log"] == pytest.approx(canary["speed_log"])
     report_run = client.search_runs([exp], "tags.`ddlbench.run_key` = 'injected' AND tags.`ddlbench.node` = 'report'")
     metric = f"{E2E_CONFIG}.throughput_samples_per_s.regression_p_value"
     assert report_run[0].data.metrics[metric] == pytest.approx(found["p_value"])
 
     # the next run's history leaves the injected run out: it measured the sleep, not the hardware
-    ctx = steps.start(str(spec), run_key="probe", home=str(home))
+    ctx = steps.start(str(e2e["spec"]), run_key="probe", home=str(home))
     try:
         assert [h["run_key"] for h in find_history(tracker_for(ctx), ctx, 10)] == ["aa-2", "aa-1", "aa-0"]
     finally:
         steps.finish(ctx)
+
+
+# --- the statistics of the alarm (pipelines/regression_stats.py) ---------------------------------
+
+
+def _fig(log_thr: float, canary: float | None = None, within: float | None = None, df: int = 30) -> dict[str, Any]:
+    return {"log_thr": log_thr, "canary_log": canary, "within_var": within, "within_df": df if within else None,
+            "repeats": 1}
+
+
+def test_batch_means_see_the_autocorrelation_of_neighbouring_steps() -> None:
+    """An AR(1) series (rho 0.9): the variance of its mean is (1 + rho) / (1 - rho) = 19 times what
+    independent steps would give; batch means find most of it, the iid formula none."""
+    from pipelines.regression_stats import batch_means_var
+
+    rng = np.random.default_rng(7)
+    rho, n, reps = 0.9, 1600, 400
+    means, estimates = [], []
+    for _ in range(reps):
+        e = rng.normal(size=n)
+        x = np.empty(n)
+        x[0] = e[0] / math.sqrt(1 - rho**2)
+        for i in range(1, n):
+            x[i] = rho * x[i - 1] + e[i]
+        means.append(x.mean())
+        estimates.append(batch_means_var(list(x))[0])
+    true = float(np.var(means))
+    iid = 1 / (1 - rho**2) / n
+    assert true / iid == pytest.approx(19, rel=0.2)
+    assert statistics.fmean(estimates) == pytest.approx(true, rel=0.25)
+    assert batch_means_var([1.0, 2.0, 3.0]) is None  # one batch: no estimate
+
+
+@settings(max_examples=25, deadline=None)
+@given(sd=st.floats(0.01, 0.3), alpha=st.sampled_from([0.001, 0.01, 0.05]))
+def test_with_a_known_variance_the_detectable_slowdown_is_the_normal_power_formula(sd: float, alpha: float) -> None:
+    """df -> infinity: caught with 95% when the log slowdown is (z_{1-alpha} + z_0.95) sd, unless the
+    minimum effect is larger."""
+    from pipelines.regression_stats import detectable_slowdown, detection_probability
+
+    ref = 1 - math.exp(-(stats.norm.ppf(1 - alpha) + stats.norm.ppf(0.95)) * sd)
+    got = detectable_slowdown(sd**2, 1e9, alpha, 0.01)
+    assert got == pytest.approx(max(ref, 0.01), abs=2e-4)
+    assert detection_probability(got, sd**2, 1e9, alpha, 0.01) == pytest.approx(0.95, abs=1e-3)
+
+
+@pytest.mark.parametrize("df", [2, 5, 9])
+def test_the_detectable_slowdown_is_caught_95_percent_of_the_time_by_the_test_itself(df: int) -> None:
+    """Simulated alarms (the t test with an estimated variance) at the stated detectable slowdown."""
+    from pipelines.regression_stats import detectable_slowdown
+
+    var, alpha, min_effect = 0.05**2, 0.01, 0.05
+    s = detectable_slowdown(var, df, alpha, min_effect)
+    rng = np.random.default_rng(df)
+    n = 200_000
+    d = rng.normal(math.log1p(-s), math.sqrt(var), n)
+    est = var * rng.chisquare(df, n) / df
+    fires = (d / np.sqrt(est) < stats.t.ppf(alpha, df)) & (d < math.log1p(-min_effect))
+    assert fires.mean() == pytest.approx(0.95, abs=0.003)
+
+
+def test_within_run_noise_that_explains_the_history_narrows_the_test() -> None:
+    """The history's spread no larger than its runs' own step noise: no between-run term, the
+    variance is the runs' noise alone and the degrees of freedom those of their steps."""
+    from pipelines.regression_stats import run_test
+
+    hist = [_fig(math.log(v), within=0.008**2, df=40) for v in (1000, 1010, 995, 1005, 990)]
+    assert statistics.variance(h["log_thr"] for h in hist) < 0.008**2
+    now = _fig(math.log(960), within=0.008**2, df=40)
+    res = run_test(now, hist, False, 0.01, 0.01)
+    assert res["variance"] == pytest.approx(0.008**2 * (1 + 1 / 5))
+    assert res["df"] > 40 and res["regressed"]
+    blind = run_test({**now, "within_var": None}, hist, False, 0.01, 0.01)  # the old run-level test
+    assert blind["df"] == 4 and res["detectable_slowdown"] < blind["detectable_slowdown"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(host=st.floats(-0.6, 0.3), slowdown=st.floats(0.0, 0.5))
+def test_the_canary_separates_a_slower_host_from_a_slower_workload(host: float, slowdown: float) -> None:
+    assume(abs(slowdown - 0.05) > 1e-6)
+    """A host slower (or faster) by `host` for everything moves throughput and canary together: the
+    test relative to the canary sees only the workload's own slowdown."""
+    hist = [_fig(math.log(v), canary=math.log(c)) for v, c in
+            [(1000, 20.0), (1030, 20.4), (985, 19.8), (1012, 20.3), (990, 19.7), (1020, 20.1)]]
+    base_x, base_c = statistics.fmean(h["log_thr"] for h in hist), statistics.fmean(h["canary_log"] for h in hist)
+    now = _fig(base_x + math.log1p(host) + math.log1p(-slowdown), canary=base_c + math.log1p(host))
+    res = check_runs(now, hist, RegressionSpec())
+    assert res["basis"] == "canary" and res["host_change"] == pytest.approx(host, abs=1e-9)
+    assert res["effect"] == pytest.approx(-slowdown, abs=1e-9)
+    assert res["raw"]["effect"] == pytest.approx((1 + host) * (1 - slowdown) - 1, abs=1e-9)
+    # the history's normalised sd is under 1%: any slowdown above min_effect (5%) is significant,
+    # whatever the host did; the raw test alone says otherwise whenever host != 0
+    assert res["regressed"] == (slowdown > 0.05)
+    if host < -0.2 and slowdown < 0.04:
+        assert res["raw"]["regressed"] and not res["regressed"]
+
+
+def test_a_step_in_the_history_is_a_change_point_and_noise_is_none() -> None:
+    from pipelines.regression_stats import change_points
+
+    rng = np.random.default_rng(3)
+    step = list(rng.normal(0, 0.02, 8)) + list(rng.normal(math.log(0.8), 0.02, 6))
+    (cp,) = change_points(step)
+    assert cp["index"] == 8 and cp["p_value"] < 0.01 and cp["change"] == pytest.approx(-0.2, abs=0.03)
+    # histories without a step (11 runs, the alarm's history and this run): about 1% show one
+    false = sum(bool(change_points(list(np.random.default_rng(s).normal(0, 0.05, 11)), seed=s)) for s in range(300))
+    assert false <= 9

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.rendezvous import rendezvous
 
+from training import canary as host_canary
 from training.checkpoint import CheckpointStore
 from training.config import Algorithm, Comm, TrainConfig
 from training.ps import ServerConfig, ShardLayout, ShardServer
@@ -110,6 +111,9 @@ def run(out: Path) -> int:
                 server.load_state_dict(state["server"])
                 tl.records, clock = list(state["records"]), state["clock"]
             print(f"rank {rank}: resumed from the checkpoint after step {done}", flush=True)
+        canary = host_canary.Canary(device, rank)
+        _barrier(ctrl)  # every rank times the canary at once, as they will train
+        canary.run("before")
         _barrier(ctrl)
         tl.epoch = time.monotonic() - clock  # the common clock, continued across a resume
 
@@ -135,7 +139,9 @@ def run(out: Path) -> int:
                 server.receive_initial()
             server.run(done, on_step)
             result["traffic"] = server.stats.as_dict()
-        result["records"] = tl.records
+        _barrier(ctrl)
+        canary.run("after")
+        result["records"], result["canary"] = tl.records, canary.result()
         gathered: list[Any] | None = [None] * cfg.world_size if rank == 0 else None
         tl.current = "gathering results"
         dist.gather_object(result, gathered, dst=0, group=ctrl)
@@ -199,6 +205,7 @@ def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[s
         "bytes_sent": {str(w["rank"]): w["traffic"]["bytes_sent"] for w in workers},
         "bytes_received": {str(w["rank"]): w["traffic"]["bytes_received"] for w in workers},
         "environment": environment(cfg),
+        "canary": host_canary.summarise([r["canary"] for r in results]),
         "config": json.loads(cfg.model_dump_json()),
     }
     summary |= language_model_figures(cfg, lead, summary["throughput_samples_per_s"])

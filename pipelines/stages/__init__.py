@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.stages.confirm import confirm, suspects
 from pipelines.stages.lifecycle import finish, provision, start, sync, teardown
 from pipelines.stages.measure import microbench, profile
 from pipelines.stages.model import fit, predict, validate
@@ -41,7 +42,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("train_configs", train_configs),
     Stage("train", train, needs=("train_configs",), mapped=True),
     Stage("validate", validate, needs=("train",)),
-    Stage("report", report, needs=("train", "validate")),
+    Stage("suspects", suspects, needs=("train",)),  # configs whose throughput alarms
+    Stage("confirm", confirm, needs=("suspects",), mapped=True),  # each rerun once, same cluster
+    Stage("report", report, needs=("train", "validate", "confirm")),
     Stage("teardown", teardown, always=True),
     Stage("finish", finish, always=True, takes_outcome=True),
 )
@@ -49,6 +52,7 @@ STAGES: tuple[Stage, ...] = (
 __all__ = [
     "STAGES",
     "Stage",
+    "confirm",
     "finish",
     "fit",
     "microbench",
@@ -58,6 +62,7 @@ __all__ = [
     "record_hardware_profile",
     "report",
     "start",
+    "suspects",
     "sync",
     "teardown",
     "train",

@@ -6,13 +6,16 @@ import json
 from pathlib import Path
 
 from pipelines.context import RunContext
+from pipelines.regression_stats import config_figures
+from pipelines.stages.confirm import apply_confirmations
 from pipelines.stages.model import trained_dirs
 from pipelines.stages.runner import load_inputs, run_once, tracker, write_json
 from pipelines.tracking import PARENT, Tracker
 
 
-def report(ctx: RunContext, trained: list[dict], validation: dict) -> dict:
-    """Comparison of the algorithms, plots, regression check against the history of this spec."""
+def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations: list[dict] | None = None) -> dict:
+    """Comparison of the algorithms, plots, regression check against the history of this spec;
+    an alarm stands only if its confirmation rerun agrees (when the confirm stage ran)."""
     spec = ctx.spec()
 
     def body(t: Tracker, node: str) -> dict:
@@ -24,7 +27,9 @@ def report(ctx: RunContext, trained: list[dict], validation: dict) -> dict:
         val = json.loads(Path(val_path).read_text()) if val_path else None
         table = rep.comparison(runs)
         history = rep.find_history(t, ctx.as_dict(), spec.regression.history)
-        check = rep.regression_check(table, val, history, spec.regression, rep.injected_delay_ms(runs))
+        figures = config_figures(trained_dirs(trained))
+        check = rep.regression_check(table, val, history, spec.regression, rep.injected_delay_ms(runs), figures)
+        check = apply_confirmations(check, confirmations)
         md = rep.write_report(out, ctx.as_dict(), spec, runs, table, val, check)
         for name, fig in rep.figures(runs, table, val).items():
             t.log_figure(node, fig, name)
