@@ -91,6 +91,42 @@ def test_dag_files_parse_fast_without_heavy_imports(airflow_home: Path) -> None:
         assert seconds < 0.5, f"{file} took {seconds:.2f} s to parse"
 
 
+GRAPHS = REPO / "tests" / "fixtures" / "dag_graphs.json"
+
+
+def dag_graph(dag: Any) -> dict[str, Any]:
+    """What a DAG's shape is: per task its edges, pool, trigger rule, mapping, setup/teardown,
+    retries, timeout and published Assets (the fixture records the shape the DAGs must keep)."""
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    graph = {}
+    for task in sorted(dag.tasks, key=lambda t: t.task_id):
+        timeout = task.execution_timeout
+        graph[task.task_id] = {
+            "upstream": sorted(task.upstream_task_ids),
+            "downstream": sorted(task.downstream_task_ids),
+            "pool": task.pool,
+            "pool_slots": task.pool_slots,
+            "trigger_rule": str(task.trigger_rule),
+            "mapped": isinstance(task, MappedOperator),
+            "map_index_template": task.map_index_template,
+            "is_setup": task.is_setup,
+            "is_teardown": task.is_teardown,
+            "retries": task.retries,
+            "execution_timeout_s": timeout.total_seconds() if timeout is not None else None,
+            "outlets": sorted(getattr(o, "name", str(o)) for o in task.outlets),
+        }
+    return graph
+
+
+def test_both_dags_keep_their_task_graphs(dagbag: Any) -> None:
+    """Task ids, edges, pools, trigger rules, mapping and teardown as recorded in the fixture."""
+    expected = json.loads(GRAPHS.read_text())
+    assert set(expected) == set(dagbag.dag_ids)
+    for dag_id, graph in expected.items():
+        assert dag_graph(dagbag.get_dag(dag_id)) == graph, dag_id
+
+
 def _order(dag: Any) -> list[str]:
     return [t.task_id for t in dag.topological_sort()]
 
