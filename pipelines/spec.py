@@ -286,9 +286,9 @@ def jobs(spec: BenchSpec, entries: list[dict[str, Any]]) -> dict[tuple[int, int]
 def placement_problems(spec: BenchSpec, entries: list[dict[str, Any]], source: str = "spec") -> list[str]:
     """Every job's ranks on the provider's nodes by its placement policy (infra/placement.py):
     one line per job that cannot be placed, naming the option. Building a provider provisions nothing."""
-    from infra import ProviderError, get_provider
+    from infra import ProviderError
 
-    provider = get_provider(spec.provider.name, **spec.provider.options)
+    provider = spec.provider.build()
     problems = []
     for (workers, servers), what in sorted(jobs(spec, entries).items()):
         try:

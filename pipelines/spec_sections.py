@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from modelling.configs import MicrobenchSettings, ProfileSettings
 from modelling.units import parse_rate
 from training.config import Algorithm, Comm, default_comm
+
+if TYPE_CHECKING:
+    from infra import Provider
 
 # Options that the grid itself sets; a spec gives them through its own fields.
 GRID_FIELDS = {
@@ -53,6 +56,17 @@ class Section(BaseModel):
 class ProviderSpec(Section):
     name: str = Field("local", description="Cluster provider: local, netns, slurm or kubernetes.")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the provider.")
+
+    def build(self, threads: int | None = None) -> Provider:
+        """The provider of this section, not yet provisioned (building one provisions nothing; it
+        is a context manager that releases what it holds). `threads`: a job's threads per rank,
+        the provider's `threads_per_process` where it has one and the section does not set it."""
+        from infra import get_provider, provider_options_model
+
+        options = dict(self.options)
+        if threads is not None and "threads_per_process" in provider_options_model(self.name).model_fields:
+            options.setdefault("threads_per_process", threads)
+        return get_provider(self.name, **options)
 
     @model_validator(mode="after")
     def _typed_options(self) -> ProviderSpec:

@@ -73,13 +73,8 @@ def run_once(
 
 
 def provider(spec: BenchSpec) -> Provider:
-    """The spec's cluster provider, not yet provisioned (a context manager that releases what it holds)."""
-    from infra import get_provider
-
-    options = dict(spec.provider.options)
-    if spec.provider.name == "local":
-        options.setdefault("threads_per_process", spec.train.get("threads", 1))
-    return get_provider(spec.provider.name, **options)
+    """The run's cluster provider, not yet provisioned: its ranks use the spec's training threads."""
+    return spec.provider.build(threads=spec.train.get("threads", 1))
 
 
 def cluster_handle(ctx: RunContext) -> dict[str, Any]:
