@@ -59,6 +59,13 @@ DEFAULT_ARGS: dict[str, Any] = {
     "max_retry_delay": timedelta(minutes=10),
     "execution_timeout": STEP_TIMEOUT,
 }
+# What every ddlbench DAG is: no catch-up, one run at a time (a benchmark owns its cluster).
+DAG_ARGS: dict[str, Any] = {
+    "start_date": START_DATE,
+    "catchup": False,
+    "max_active_runs": 1,
+    "default_args": DEFAULT_ARGS,
+}
 
 def nodes_per_job(spec_path: Path) -> int:
     """Nodes one training job of a spec takes: its provider's `nodes` option, else 1.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from airflow.sdk import Asset, Param, dag
 
-from dags._common import DEFAULT_ARGS, SPECS, START_DATE, benchmark
+from dags._common import DAG_ARGS, SPECS, benchmark
 from pipelines import onboarding
 
 ONBOARDING_REPORT = Asset(name="ddlbench_onboarding_report", uri="ddlbench://reports/onboarding")
@@ -58,12 +58,9 @@ FORM = {
 @dag(
     dag_id="ddlbench_hardware_onboarding",
     schedule=None,
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
     tags=["ddlbench", "onboarding"],
     doc_md=__doc__,
+    **DAG_ARGS,
     params=FORM,
 )
 def ddlbench_hardware_onboarding() -> None:

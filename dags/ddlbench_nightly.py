@@ -19,7 +19,7 @@ from typing import Any
 
 from airflow.sdk import Asset, Param, dag
 
-from dags._common import DEFAULT_ARGS, SPECS, START_DATE, benchmark, nodes_per_job
+from dags._common import DAG_ARGS, SPECS, benchmark, nodes_per_job
 
 NIGHTLY_SPEC = SPECS / "nightly-cpu.yaml"
 # When it runs: cron, in UTC; "none" runs it only when triggered (a deployment that must
@@ -36,12 +36,9 @@ def spec_of(params: dict[str, Any]) -> tuple[str, dict | None]:
 @dag(
     dag_id="ddlbench_nightly",
     schedule=None if NIGHTLY_SCHEDULE.lower() == "none" else NIGHTLY_SCHEDULE,
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
     tags=["ddlbench", "benchmark"],
     doc_md=__doc__,
+    **DAG_ARGS,
     params={
         "spec_path": Param(str(NIGHTLY_SPEC), type="string", minLength=1,
                            title="Benchmark spec",
