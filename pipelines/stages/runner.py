@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.context import RunContext
 from pipelines.spec import BenchSpec, Workload
-from pipelines.tracking import Tracker, tracker_for
+from pipelines.tracking import Tracker
 
 if TYPE_CHECKING:
     from infra import Provider
@@ -42,7 +42,7 @@ def run_tags(ctx: RunContext) -> dict[str, str]:
 
 
 def tracker(ctx: RunContext) -> Tracker:
-    return tracker_for(ctx.as_dict())
+    return ctx.tracker
 
 
 def run_once(
