@@ -60,11 +60,11 @@ class ProviderSpec(Section):
     def build(self, threads: int | None = None) -> Provider:
         """The provider of this section, not yet provisioned (building one provisions nothing; it
         is a context manager that releases what it holds). `threads`: a job's threads per rank,
-        the provider's `threads_per_process` where it has one and the section does not set it."""
-        from infra import get_provider, provider_options_model
+        the provider's `threads_per_process` unless the section sets it."""
+        from infra import get_provider
 
         options = dict(self.options)
-        if threads is not None and "threads_per_process" in provider_options_model(self.name).model_fields:
+        if threads is not None:
             options.setdefault("threads_per_process", threads)
         return get_provider(self.name, **options)
 
