@@ -136,9 +136,10 @@ class RunContext(BaseModel):
     @cached_property
     def tracker(self) -> Tracker:
         """The run's MLflow tracker, one per context (stages run in a row share its state)."""
-        from pipelines.tracking import tracker_for
+        from pipelines.tracking import Tracker, resolve_uri
 
-        return tracker_for(self.as_dict())
+        return Tracker(self.run_dir, resolve_uri(self.tracking_uri), self.experiment, self.run_key,
+                       artifact_root=self.home / "mlartifacts")
 
 
 def as_context(ctx: dict[str, Any] | RunContext) -> RunContext:

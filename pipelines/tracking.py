@@ -262,11 +262,7 @@ def resolve_uri(stored: str) -> str:
 
 
 def tracker_for(ctx: dict[str, Any]) -> Tracker:
-    """A tracker of the run in a ctx dict; a RunContext keeps one (`RunContext.tracker`)."""
-    return Tracker(
-        Path(ctx["run_dir"]),
-        resolve_uri(ctx["tracking_uri"]),
-        ctx["experiment"],
-        ctx["run_key"],
-        artifact_root=Path(ctx["home"]) / "mlartifacts",
-    )
+    """A tracker of the run in a ctx dict (`RunContext.tracker` makes it)."""
+    from pipelines.context import as_context
+
+    return as_context(ctx).tracker
