@@ -35,15 +35,13 @@ def _deployment_setting(name: str, default: float) -> float:
     """A number a deployment sets in the DAG processor's environment (parse time, so Airflow
     knows it before any task runs): a cluster's slow jobs, or a test's quick kill."""
     raw = os.environ.get(name)
-    if raw is None:
-        return default
     try:
-        value = float(raw)
+        value = default if raw is None else float(raw)
     except ValueError:
         raise ValueError(f"{name}: expected a number, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{name}: must not be negative, got {raw!r}")
-    return value
+    if value >= 0:
+        return value
+    raise ValueError(f"{name}: must not be negative, got {raw!r}")
 
 
 # A training task's execution_timeout, and the retries of every task but start and finish.
