@@ -62,3 +62,15 @@ def test_docs_hold_no_commit_hashes_or_dates() -> None:
         hashes = [h for h in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", h)
                   and re.search(r"\d", h)]
         assert hashes == [], (page.name, hashes)
+
+
+def test_the_codes_design_references_name_sections_of_docs_design() -> None:
+    """Code cites the design as "DESIGN §N": each N is a numbered section of docs/design.md."""
+    sections = set(re.findall(r"^## (\d+)\. ", (REPO / "docs" / "design.md").read_text(), flags=re.M))
+    cited = {}
+    for folder in ("dags", "pipelines", "training", "modelling", "infra"):
+        for path in (REPO / folder).rglob("*.py"):
+            for n in re.findall(r"DESIGN §(\d+)", path.read_text()):
+                cited.setdefault(n, str(path.relative_to(REPO)))
+    assert cited, "no design references found"
+    assert {n: where for n, where in cited.items() if n not in sections} == {}

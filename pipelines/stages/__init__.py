@@ -1,4 +1,4 @@
-"""The benchmark pipeline's stages (docs/design.md, "The pipeline"), for Airflow and the CLI alike.
+"""The benchmark pipeline's stages (DESIGN §1, docs/design.md), for Airflow and the CLI alike.
 
 `STAGES` is the one list of them, in their order: `ddlbench run` runs them in it and both DAGs
 make one task per stage from it (dags/_common.py), so a stage added here appears in all three.
