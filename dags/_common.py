@@ -214,10 +214,9 @@ def benchmark(spec_of: Callable[[dict[str, Any]], tuple[str, dict | None]], repo
             out = make.partial(ctx=ctx).expand(entry=needs[0])
         else:
             out = make(ctx, *needs)
-        if stage.always:
-            setups = [ctx.operator] + ([done[s.name].operator for s in STAGES if s.setup and s.name in done]
-                                       if stage.releases else [])
-            out.as_teardown(setups=setups)
+        if stage.always:  # a teardown of the first task, and of the setups it releases
+            made = [done[s.name] for s in STAGES if s.setup and s.name in done] if stage.releases else []
+            out.as_teardown(setups=[x.operator for x in (ctx, *made)])
         previous >> out
         if stage.suite is None:
             previous = out
