@@ -1,8 +1,8 @@
-"""What the ddlbench DAGs share: task defaults, the pool, and the pipeline's task wiring.
+"""What the ddlbench DAGs share: task defaults, the pool, and one task per stage of `STAGES`.
 
-Thin on purpose: only `airflow.sdk` (and yaml) is imported at parse time. Each task imports
-`pipelines.steps` when it runs, so parsing never pulls in torch or mlflow.
-Every task passes the small JSON ctx of `steps.start` and returns a small dict.
+Thin on purpose: only `airflow.sdk`, the stage table (pipelines/stages/__init__.py) and yaml are
+imported at parse time. Each task imports `pipelines.steps` when it runs, so parsing never pulls
+in torch or mlflow. Every task passes the small JSON ctx of the first stage and returns small JSON.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +19,8 @@ from typing import Any
 import pendulum
 from airflow.sdk import Asset, XComArg, get_current_context, task
 from airflow.sdk.exceptions import AirflowTaskTerminated
+
+from pipelines.stages import STAGES, Stage
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs"
@@ -33,15 +35,13 @@ def _deployment_setting(name: str, default: float) -> float:
     """A number a deployment sets in the DAG processor's environment (parse time, so Airflow
     knows it before any task runs): a cluster's slow jobs, or a test's quick kill."""
     raw = os.environ.get(name)
-    if raw is None:
-        return default
     try:
-        value = float(raw)
+        value = default if raw is None else float(raw)
     except ValueError:
         raise ValueError(f"{name}: expected a number, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{name}: must not be negative, got {raw!r}")
-    return value
+    if value >= 0:
+        return value
+    raise ValueError(f"{name}: must not be negative, got {raw!r}")
 
 
 # A training task's execution_timeout, and the retries of every task but start and finish.
@@ -56,6 +56,13 @@ DEFAULT_ARGS: dict[str, Any] = {
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=10),
     "execution_timeout": STEP_TIMEOUT,
+}
+# What every ddlbench DAG is: no catch-up, one run at a time (a benchmark owns its cluster).
+DAG_ARGS: dict[str, Any] = {
+    "start_date": START_DATE,
+    "catchup": False,
+    "max_active_runs": 1,
+    "default_args": DEFAULT_ARGS,
 }
 
 def nodes_per_job(spec_path: Path) -> int:
@@ -84,7 +91,7 @@ def airflow_info() -> dict[str, Any]:
 
 
 def run_key() -> str:
-    """Stable across retries of this DAG run (steps.start makes it directory-safe)."""
+    """Stable across retries of this DAG run (the first stage makes it directory-safe)."""
     ti = _context()["ti"]
     return f"{ti.dag_id}-{ti.run_id}"
 
@@ -114,72 +121,14 @@ def sigterm_stops_training() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@task(task_id="provision")
-def provision(ctx: dict) -> dict:
-    from pipelines import steps
-
-    return steps.provision(ctx)
-
-
-@task(task_id="microbench")
-def microbench(ctx: dict) -> dict:
-    from pipelines import steps
-
-    return steps.microbench(ctx)
+def _results(stage: Stage, results: tuple[Any, ...]) -> list[Any]:
+    """The XCom values of a stage's needs as plain values (a mapped task's are a lazy sequence)."""
+    mapped = {s.name for s in STAGES if s.mapped}
+    return [list(r) if need in mapped else r for need, r in zip(stage.needs, results, strict=True)]
 
 
-@task(task_id="profile")
-def profile(ctx: dict) -> dict:
-    from pipelines import steps
-
-    return steps.profile(ctx)
-
-
-@task(task_id="train_configs")
-def train_configs(ctx: dict) -> list[dict]:
-    from pipelines import steps
-
-    return steps.train_configs(ctx)
-
-
-@task(task_id="train", pool=TRAIN_POOL, execution_timeout=TRAIN_TIMEOUT,
-      map_index_template="{{ config_key }}")
-def train(ctx: dict, entry: dict) -> dict:
-    """One training config and repeat, in fresh torchrun processes."""
-    _context()["config_key"] = entry["key"]
-    from pipelines import steps
-
-    with sigterm_stops_training():
-        return steps.train(ctx, entry)
-
-
-@task(task_id="fit")
-def fit(ctx: dict) -> dict:
-    from pipelines import steps
-
-    return steps.fit(ctx)
-
-
-@task(task_id="predict")
-def predict(ctx: dict) -> dict:
-    from pipelines import steps
-
-    return steps.predict(ctx)
-
-
-@task(task_id="validate")
-def validate(ctx: dict, trained: list[dict]) -> dict:
-    from pipelines import steps
-
-    return steps.validate(ctx, list(trained))
-
-
-@task(task_id="report")
-def report(ctx: dict, trained: list[dict], validation: dict) -> dict:
-    from pipelines import steps
-
-    result = steps.report(ctx, list(trained), validation)
-    # Downstream DAGs scheduled on the report Asset find the run through these.
+def _publish(ctx: dict, result: dict) -> None:
+    """What downstream DAGs scheduled on the report Asset find the run by."""
     context = _context()
     for outlet in context["task"].outlets:
         context["outlet_events"][outlet].extra = {
@@ -187,49 +136,92 @@ def report(ctx: dict, trained: list[dict], validation: dict) -> dict:
             "parent_run_id": ctx["parent_run_id"], "report_md": result.get("report_md"),
             "regressions": len(result.get("regressions") or []),
         }
-    return result
 
 
-@task(task_id="teardown")
-def teardown(ctx: dict) -> dict:
-    from pipelines import steps
-
-    return steps.teardown(ctx)
-
-
-@task(task_id="finish", retries=0)
-def finish(ctx: dict) -> dict:
-    """Close the parent MLflow run with the DAG run's outcome so far."""
-    from pipelines import steps
-
-    c = _context()
-    ti = c["ti"]
+def _run_failed() -> bool:
+    """Whether any task of this DAG run has failed so far."""
+    ti = _context()["ti"]
     states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
-    failed = any(s in ("failed", "upstream_failed") for s in states.values())
-    return steps.finish(ctx, failed=failed)
+    return any(s in ("failed", "upstream_failed") for s in states.values())
 
 
-def benchmark(ctx: XComArg, report_asset: Asset, train_slots: int = 1) -> dict[str, XComArg]:
-    """Wire the pipeline after `start`: the same shape for every ddlbench DAG.
+def _task(stage: Stage, report_asset: Asset, train_slots: int) -> Any:
+    """The Airflow task of a stage after the first: what only Airflow decides (pool, timeout,
+    retries, outlets) comes from the stage's kind."""
+    if stage.mapped:
+        def body(ctx: dict, entry: dict) -> Any:
+            """One training config and repeat, in fresh torchrun processes."""
+            from pipelines import steps
 
-    Serial on purpose: nothing else runs on the cluster while it is measured.
-    provision -> microbench -> profile -> fit -> predict (before any training, so
-    predictions never see the measurements) -> train grid (mapped, pooled: a job
-    takes `train_slots` pool slots) -> validate -> report (publishes `report_asset`);
-    teardown and finish always run. Returns the fit and report tasks' outputs, for
-    DAGs that add steps between them.
+            _context()["config_key"] = entry["key"]
+            with sigterm_stops_training():
+                return steps.call(stage.name, ctx, entry)
+
+        return task(body, task_id=stage.name, pool=TRAIN_POOL, pool_slots=train_slots,
+                    execution_timeout=TRAIN_TIMEOUT, map_index_template="{{ config_key }}")
+
+    def run(ctx: dict, *results: Any) -> Any:
+        from pipelines import steps
+
+        outcome = {"failed": _run_failed()} if stage.takes_outcome else {}
+        result = steps.call(stage.name, ctx, *_results(stage, results), **outcome)
+        if stage.publishes:
+            _publish(ctx, result)
+        return result
+
+    options: dict[str, Any] = {"task_id": stage.name}
+    if stage.takes_outcome:
+        options["retries"] = 0  # it reports the run's outcome once
+    if stage.publishes:
+        options["outlets"] = [report_asset]
+    return task(run, **options)
+
+
+def first_task(spec_of: Callable[[dict[str, Any]], tuple[str, dict | None]]) -> Any:
+    """The first stage's task: validate the spec and open the parent MLflow run. `spec_of(params)`
+    is the DAG's choice of (spec path, overrides) from its Params."""
+
+    def run(params: dict | None = None) -> dict:
+        from pipelines import steps
+
+        assert params is not None
+        spec_path, overrides = spec_of(params)
+        return steps.call(STAGES[0].name, spec_path, run_key=run_key(), home=params["home"],
+                          overrides=overrides, airflow=airflow_info())
+
+    return task(run, task_id=STAGES[0].name, retries=0)
+
+
+def benchmark(spec_of: Callable[[dict[str, Any]], tuple[str, dict | None]], report_asset: Asset,
+              *, suite: str, train_slots: int = 1) -> None:
+    """Wire the pipeline: one task per stage of `STAGES` that runs in `suite`, in its order.
+
+    Serial on purpose: nothing else runs on the cluster while it is measured. Each task follows
+    the one before it; a suite's own stage follows the one before it and joins the stage it names.
+    The mapped stage runs once per grid entry in the pool (a job takes `train_slots` slots); the
+    `always` stages are teardown tasks, so they run after failures too.
     """
-    provisioned = provision(ctx)
-    entries = train_configs(ctx)
-    trained = train.override(pool_slots=train_slots).partial(ctx=ctx).expand(entry=entries)
-    validation = validate(ctx, trained)
-    reported = report.override(outlets=[report_asset])(ctx, trained, validation)
-    released = teardown(ctx)
-    finished = finish(ctx)
-
-    fitted = fit(ctx)
-    provisioned >> microbench(ctx) >> profile(ctx) >> fitted >> predict(ctx) >> entries
-    reported >> released >> finished
-    released.as_teardown(setups=[ctx.operator, provisioned.operator])
-    finished.as_teardown(setups=ctx.operator)
-    return {"fit": fitted, "report": reported}
+    ctx = first_task(spec_of)()
+    done: dict[str, XComArg] = {}
+    previous = ctx
+    side: list[tuple[Stage, XComArg]] = []
+    for stage in STAGES[1:]:
+        if not stage.runs_in(suite):
+            continue
+        make = _task(stage, report_asset, train_slots)
+        needs = [done[n] for n in stage.needs]
+        if stage.mapped:
+            out = make.partial(ctx=ctx).expand(entry=needs[0])
+        else:
+            out = make(ctx, *needs)
+        if stage.always:  # a teardown of the first task, and of the setups it releases
+            made = [done[s.name] for s in STAGES if s.setup and s.name in done] if stage.releases else []
+            out.as_teardown(setups=[x.operator for x in (ctx, *made)])
+        previous >> out
+        if stage.suite is None:
+            previous = out
+        else:
+            side.append((stage, out))
+        done[stage.name] = out
+    for stage, out in side:
+        out >> done[stage.joins]

@@ -4,7 +4,7 @@ another cron in DDLBENCH_NIGHTLY_SCHEDULE).
 Runs the nightly spec (Params: another spec path, and overrides of any spec
 field, e.g. `{"repeats": 1, "regression.min_effect": 0.2}`; `{"train.inject_delay_ms": 20}`
 injects a known slowdown to test the regression alarm) through the
-pipeline steps: provision, microbench, profile, fit, predict, the training grid
+pipeline's stages: provision, microbench, profile, fit, predict, the training grid
 (one mapped task per config and repeat, named by its key), validate, report,
 then teardown and finish, which always run. The report publishes the
 `ddlbench_nightly_report` Asset; its event's extra holds the run key, run
@@ -15,10 +15,11 @@ directory and MLflow parent run id. Compare the results in the MLflow UI
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Asset, Param, dag
 
-from dags._common import DEFAULT_ARGS, SPECS, START_DATE, airflow_info, benchmark, nodes_per_job, run_key
+from dags._common import DAG_ARGS, SPECS, benchmark, nodes_per_job
 
 NIGHTLY_SPEC = SPECS / "nightly-cpu.yaml"
 # When it runs: cron, in UTC; "none" runs it only when triggered (a deployment that must
@@ -27,25 +28,17 @@ NIGHTLY_SCHEDULE = os.environ.get("DDLBENCH_NIGHTLY_SCHEDULE", "0 2 * * *")
 NIGHTLY_REPORT = Asset(name="ddlbench_nightly_report", uri="ddlbench://reports/nightly")
 
 
-@task(task_id="start", retries=0)
-def start(params: dict | None = None) -> dict:
-    """Validate the spec with its overrides and open the parent MLflow run."""
-    from pipelines import steps
-
-    assert params is not None
-    return steps.start(params["spec_path"], run_key=run_key(), home=params["home"],
-                       overrides=params["overrides"] or None, airflow=airflow_info())
+def spec_of(params: dict[str, Any]) -> tuple[str, dict | None]:
+    """The spec and its overrides, as the Params give them."""
+    return params["spec_path"], params["overrides"] or None
 
 
 @dag(
     dag_id="ddlbench_nightly",
     schedule=None if NIGHTLY_SCHEDULE.lower() == "none" else NIGHTLY_SCHEDULE,
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
     tags=["ddlbench", "benchmark"],
     doc_md=__doc__,
+    **DAG_ARGS,
     params={
         "spec_path": Param(str(NIGHTLY_SPEC), type="string", minLength=1,
                            title="Benchmark spec",
@@ -59,7 +52,7 @@ def start(params: dict | None = None) -> dict:
     },
 )
 def ddlbench_nightly() -> None:
-    benchmark(start(), NIGHTLY_REPORT, train_slots=nodes_per_job(NIGHTLY_SPEC))
+    benchmark(spec_of, NIGHTLY_REPORT, suite="nightly", train_slots=nodes_per_job(NIGHTLY_SPEC))
 
 
 ddlbench_nightly()

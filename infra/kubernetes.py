@@ -126,7 +126,6 @@ class KubernetesOptions(PlacementOptions):
     )
     context: Annotated[str | None, OneLine] = Field(None, description="kubeconfig context.")
     api_server: Annotated[str | None, OneLine] = Field(None, description="API server URL, without a kubeconfig.")
-    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS).")
     poll_s: float = Field(2.0, description="Seconds between job state polls.")
 
     @field_validator("node_selector", mode="before")

@@ -5,14 +5,12 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from pydantic import Field
-
 from infra.base import Job, JobResult, Node, Provider, base_env, run_processes, torchrun_argv
 from infra.options import ProviderOptions
 
 
 class LocalOptions(ProviderOptions):
-    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
+    """The local provider has only the options every provider has."""
 
 
 class LocalProvider(Provider):

@@ -149,7 +149,6 @@ class NetnsOptions(PlacementOptions):
     )
     subnet: str = Field("10.213.0.0/24", description="The cluster's private subnet (10.0.0.0/8 or 192.168.0.0/16).")
     master_port: int = Field(29500, description="torchrun's static rendezvous port on node 0.")
-    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
     lease_s: float = Field(
         86400.0,
         gt=0,

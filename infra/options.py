@@ -25,6 +25,8 @@ class ProviderOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
+
     @classmethod
     def parse(cls: type[Opts], options: Mapping[str, Any]) -> Opts:
         """The options validated, or a ProviderError naming each bad option."""

@@ -121,7 +121,6 @@ class SlurmOptions(PlacementOptions):
         None, description="Working directory every node sees; default: the run's."
     )
     python: Annotated[str, OneLine] = Field(sys.executable, description="Python on the nodes that runs torchrun.")
-    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
     poll_s: float = Field(0.5, description="Seconds between job state polls.")
     slurm_conf: Annotated[str | Path | None, OneLine] = Field(
         None, description="The cluster's slurm.conf (SLURM_CONF for every SLURM command and job); default: the "

@@ -54,9 +54,10 @@ def provider_options(name: str, nodes: int | None, bandwidth: str | None, placem
 
 def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, provider: str, nodes: int | None,
            bandwidth: str | None, placement: str | None, provider_sets: tuple[str, ...], **options: Any) -> None:
-    from infra import ProviderError, get_provider, provider_options_model
+    from infra import ProviderError
     from pipelines.launch import JobFailed, OutputError, launch, prepare
     from pipelines.report_console import print_summary
+    from pipelines.spec_sections import ProviderSpec
     from training.run import EXIT_DIVERGED
 
     opts = provider_options(provider, nodes, bandwidth, placement, provider_sets)  # checked before torch loads
@@ -67,10 +68,8 @@ def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, p
         cfg = prepare(values, source)
     except ConfigError as err:
         raise click.UsageError(str(err)) from None
-    if "threads_per_process" in provider_options_model(provider).model_fields:
-        opts.setdefault("threads_per_process", cfg.threads)
     try:
-        cluster = get_provider(provider, **opts)
+        cluster = ProviderSpec(name=provider, options=opts).build(threads=cfg.threads)
         cluster.place(cfg.workers, cfg.servers)  # before anything is provisioned
     except ProviderError as err:
         raise click.UsageError(str(err)) from None

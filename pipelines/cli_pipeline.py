@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -39,9 +40,11 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
         f"run [bold]{ctx.run_key}[/] in {ctx.run_dir}  (MLflow {ctx.tracking_uri}, experiment {ctx.experiment})"
     )
     results, failed = _run_stages(console, ctx, rest)
-    done = results["finish"]
-    trained, validation = results.get("train", []), results.get("validate", {})
-    _print_run_summary(console, ctx, trained, validation, results.get("report", {}), done)
+    done = next(results[s.name] for s in rest if s.takes_outcome)
+    trained = next((results.get(s.name, []) for s in rest if s.mapped), [])
+    reported = next((results.get(s.name, {}) for s in rest if s.publishes), {})
+    validation = json.loads(ctx.paths.validation.read_text()) if ctx.paths.validation.exists() else {}
+    _print_run_summary(console, ctx, trained, validation, reported, done)
     if failed:
         sys.exit(1)
 
@@ -81,7 +84,7 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
             return trained
 
         try:
-            for stage in (s for s in stages if not s.always):
+            for stage in (s for s in stages if not s.always and s.runs_in(ctx.suite)):
                 args = [results[n] for n in stage.needs]
                 if stage.mapped:
                     train_grid(stage, *args)
@@ -98,7 +101,7 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
         finally:
             for stage in (s for s in stages if s.always):
                 results[stage.name] = stage.run(ctx, failed=failed) if stage.takes_outcome else stage.run(ctx)
-            done = results["finish"]
+            done = next(results[s.name] for s in stages if s.takes_outcome)
             if done["pending"]:
                 console.print(
                     f"[yellow]MLflow unreachable: {done['pending']} journal entries wait for "
@@ -115,8 +118,6 @@ def _print_run_summary(
     result: dict[str, Any],
     done: dict[str, Any],
 ) -> None:
-    import json
-
     from rich.table import Table
 
     from pipelines.report_console import fmt

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.spec import BenchSpec
+
+if TYPE_CHECKING:
+    from pipelines.tracking import Tracker
 
 REPO = Path(__file__).resolve().parent.parent
 STATUS = "status.json"  # a pipeline run's outcome, written by its last step
@@ -121,14 +125,21 @@ class RunContext(BaseModel):
         return self.model_dump(mode="json")
 
     def spec(self) -> BenchSpec:
-        """The run's resolved spec, as `start` validated it (read once per process)."""
-        key = (str(self.run_dir), self.spec_hash)
-        if key not in _SPECS:
-            _SPECS[key] = BenchSpec.model_validate(json.loads(self.paths.spec_json.read_text()))
-        return _SPECS[key]
+        """The run's resolved spec, as `start` validated it."""
+        return self.resolved_spec
 
+    @cached_property
+    def resolved_spec(self) -> BenchSpec:
+        """Read once per context: the stages of one process share their context, and so the spec."""
+        return BenchSpec.model_validate(json.loads(self.paths.spec_json.read_text()))
 
-_SPECS: dict[tuple[str, str], BenchSpec] = {}
+    @cached_property
+    def tracker(self) -> Tracker:
+        """The run's MLflow tracker, one per context (stages run in a row share its state)."""
+        from pipelines.tracking import Tracker, resolve_uri
+
+        return Tracker(self.run_dir, resolve_uri(self.tracking_uri), self.experiment, self.run_key,
+                       artifact_root=self.home / "mlartifacts")
 
 
 def as_context(ctx: dict[str, Any] | RunContext) -> RunContext:

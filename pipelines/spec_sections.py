@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,6 +18,9 @@ from modelling.configs import MicrobenchSettings, ProfileSettings
 from modelling.units import parse_rate
 from training.config import Algorithm, Comm, default_comm
 from training.gpt_shape import GPT_OPTIONS
+
+if TYPE_CHECKING:
+    from infra import Provider
 
 # Options that the grid itself sets; a spec gives them through its own fields.
 GRID_FIELDS = {
@@ -56,6 +59,17 @@ class Section(BaseModel):
 class ProviderSpec(Section):
     name: str = Field("local", description="Cluster provider: local, netns, slurm or kubernetes.")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options of the provider.")
+
+    def build(self, threads: int | None = None) -> Provider:
+        """The provider of this section, not yet provisioned (building one provisions nothing; it
+        is a context manager that releases what it holds). `threads`: a job's threads per rank,
+        the provider's `threads_per_process` unless the section sets it."""
+        from infra import get_provider
+
+        options = dict(self.options)
+        if threads is not None:
+            options.setdefault("threads_per_process", threads)
+        return get_provider(self.name, **options)
 
     @model_validator(mode="after")
     def _typed_options(self) -> ProviderSpec:

@@ -1,94 +1,38 @@
-"""The pipeline's steps as Airflow tasks and tests call them: small JSON dicts in and out.
+"""The pipeline's stages as Airflow tasks and tests call them: small JSON dicts in and out.
 
-A thin boundary over `pipelines.stages`: each step turns the ctx dict (XCom, ctx.json) into
-a `RunContext` and calls its stage; `start` returns the ctx as a dict again. Training runs
-its job through `_launch`, looked up here at call time, so a test can replace it.
+`call(name, ctx, *results)` turns the ctx dict (XCom, ctx.json) into a `RunContext` and runs the
+stage of that name (`pipelines.stages.STAGES`); the first stage takes a spec path instead and
+returns the ctx as a dict. `steps.<stage name>` is `call` bound to that stage. A test may set
+`_launch` to run the mapped stage's jobs its own way (it is looked up at call time).
 """
 
 from __future__ import annotations
 
-from pipelines import stages
+from functools import partial
+from typing import Any
+
 from pipelines.context import as_context, default_home, default_tracking_uri
-from pipelines.stages import STAGES, sync
-from pipelines.stages.train import launch_job as _launch
+from pipelines.stages import STAGES, stage
+from pipelines.stages.lifecycle import sync
 
-__all__ = [
-    "STAGES",
-    "default_home",
-    "default_tracking_uri",
-    "finish",
-    "fit",
-    "microbench",
-    "predict",
-    "profile",
-    "provision",
-    "record_hardware_profile",
-    "report",
-    "start",
-    "sync",
-    "teardown",
-    "train",
-    "train_configs",
-    "validate",
-]
+_launch: Any = None  # the mapped stage's job launcher; None: the stage's own
+
+__all__ = ["STAGES", "call", "default_home", "default_tracking_uri", "sync"]
 
 
-def start(
-    spec_path: str,
-    *,
-    run_key: str | None = None,
-    home: str | None = None,
-    overrides: dict | None = None,
-    airflow: dict | None = None,
-) -> dict:
-    """Validate the spec (+ overrides), make the run dir, open or find the parent MLflow run."""
-    return stages.start(spec_path, run_key=run_key, home=home, overrides=overrides, airflow=airflow).as_dict()
+def call(name: str, ctx: Any, *results: Any, **options: Any) -> Any:
+    """Run one stage on a ctx dict (the first stage: on a spec path) and return its JSON result."""
+    s = stage(name)
+    if s is STAGES[0]:
+        return s.run(ctx, **options).as_dict()
+    if s.mapped and _launch is not None:
+        options["launch"] = _launch
+    return s.run(as_context(ctx), *results, **options)
 
 
-def provision(ctx: dict) -> dict:
-    return stages.provision(as_context(ctx))
-
-
-def microbench(ctx: dict) -> dict:
-    return stages.microbench(as_context(ctx))
-
-
-def profile(ctx: dict) -> dict:
-    return stages.profile(as_context(ctx))
-
-
-def fit(ctx: dict) -> dict:
-    return stages.fit(as_context(ctx))
-
-
-def predict(ctx: dict) -> dict:
-    return stages.predict(as_context(ctx))
-
-
-def train_configs(ctx: dict) -> list[dict]:
-    return stages.train_configs(as_context(ctx))
-
-
-def train(ctx: dict, entry: dict) -> dict:
-    return stages.train(as_context(ctx), entry, launch=_launch)
-
-
-def validate(ctx: dict, trained: list[dict]) -> dict:
-    return stages.validate(as_context(ctx), trained)
-
-
-def report(ctx: dict, trained: list[dict], validation: dict) -> dict:
-    return stages.report(as_context(ctx), trained, validation)
-
-
-def record_hardware_profile(ctx: dict) -> dict:
-    return stages.record_hardware_profile(as_context(ctx))
-
-
-def teardown(ctx: dict) -> dict:
-    return stages.teardown(as_context(ctx))
-
-
-def finish(ctx: dict, failed: bool = False) -> dict:
-    return stages.finish(as_context(ctx), failed=failed)
-
+def __getattr__(name: str) -> Any:
+    try:
+        stage(name)
+    except KeyError as err:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from err
+    return partial(call, name)

@@ -242,7 +242,6 @@ class Tracker:
             f.write(json.dumps({"entry": entry, "error": error}, default=str) + "\n")
 
 
-_TRACKERS: dict[str, Tracker] = {}
 _MASK = "***"
 
 
@@ -278,17 +277,7 @@ def resolve_uri(stored: str) -> str:
 
 
 def tracker_for(ctx: dict[str, Any]) -> Tracker:
-    """One tracker per run dir and process (steps called in a row share its state)."""
-    key = str(Path(ctx["run_dir"]).resolve())
-    t = _TRACKERS.get(key)
-    uri = resolve_uri(ctx["tracking_uri"])
-    if t is None or t.tracking_uri != uri:
-        t = Tracker(
-            Path(ctx["run_dir"]),
-            uri,
-            ctx["experiment"],
-            ctx["run_key"],
-            artifact_root=Path(ctx["home"]) / "mlartifacts",
-        )
-        _TRACKERS[key] = t
-    return t
+    """A tracker of the run in a ctx dict (`RunContext.tracker` makes it)."""
+    from pipelines.context import as_context
+
+    return as_context(ctx).tracker

@@ -71,24 +71,63 @@ def test_every_dag_imports_without_errors(dagbag: Any) -> None:
 
 
 def test_dag_files_parse_fast_without_heavy_imports(airflow_home: Path) -> None:
-    """In a fresh interpreter: parsing imports no torch, mlflow or pipelines, in well under 1 s."""
+    """In a fresh interpreter: parsing imports no torch, mlflow or pipeline code beyond the stage
+    table, in well under 1 s."""
     probe = (
         "import json, sys\n"
         "from airflow.dag_processing.dagbag import DagBag\n"
         f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
         "print(json.dumps({'errors': list(bag.import_errors),"
         " 'durations': {s.file: s.duration.total_seconds() for s in bag.dagbag_stats},"
-        " 'heavy': sorted(m for m in ('torch', 'mlflow', 'pipelines', 'training', 'modelling')"
-        " if m in sys.modules)}))\n"
+        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in"
+        " ('torch', 'mlflow', 'pipelines', 'training', 'modelling', 'infra'))}))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120, env=os.environ | airflow_env(airflow_home))
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["errors"] == [] and result["heavy"] == []
+    # The stage table and the onboarding form's choices: plain data, nothing they import.
+    assert result["errors"] == []
+    assert result["heavy"] == ["pipelines", "pipelines.onboarding", "pipelines.stages"]
     assert len(result["durations"]) == 2
     for file, seconds in result["durations"].items():
         assert seconds < 0.5, f"{file} took {seconds:.2f} s to parse"
+
+
+GRAPHS = REPO / "tests" / "fixtures" / "dag_graphs.json"
+
+
+def dag_graph(dag: Any) -> dict[str, Any]:
+    """What a DAG's shape is: per task its edges, pool, trigger rule, mapping, setup/teardown,
+    retries, timeout and published Assets (the fixture records the shape the DAGs must keep)."""
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    graph = {}
+    for task in sorted(dag.tasks, key=lambda t: t.task_id):
+        timeout = task.execution_timeout
+        graph[task.task_id] = {
+            "upstream": sorted(task.upstream_task_ids),
+            "downstream": sorted(task.downstream_task_ids),
+            "pool": task.pool,
+            "pool_slots": task.pool_slots,
+            "trigger_rule": str(task.trigger_rule),
+            "mapped": isinstance(task, MappedOperator),
+            "map_index_template": task.map_index_template,
+            "is_setup": task.is_setup,
+            "is_teardown": task.is_teardown,
+            "retries": task.retries,
+            "execution_timeout_s": timeout.total_seconds() if timeout is not None else None,
+            "outlets": sorted(getattr(o, "name", str(o)) for o in task.outlets),
+        }
+    return graph
+
+
+def test_both_dags_keep_their_task_graphs(dagbag: Any) -> None:
+    """Task ids, edges, pools, trigger rules, mapping and teardown as recorded in the fixture."""
+    expected = json.loads(GRAPHS.read_text())
+    assert set(expected) == set(dagbag.dag_ids)
+    for dag_id, graph in expected.items():
+        assert dag_graph(dagbag.get_dag(dag_id)) == graph, dag_id
 
 
 def _order(dag: Any) -> list[str]:
@@ -127,21 +166,92 @@ def test_nightly_dag_shape(dagbag: Any) -> None:
 
 
 def test_the_cli_runs_the_stages_in_the_order_the_dags_wire_them(dagbag: Any) -> None:
-    """`ddlbench run` iterates pipelines.stages.STAGES: the nightly DAG's tasks in its one
-    topological order, each after the one before it and after the stages it takes results from."""
+    """`ddlbench run` iterates pipelines.stages.STAGES: each DAG's main tasks in its one
+    topological order, each after the one before it and after the stages it takes results from;
+    a suite's own stage only in its suite's DAG, after the stage before it, before the one it joins."""
     from pipelines.stages import STAGES
 
-    names = [s.name for s in STAGES]
-    nightly = dagbag.get_dag("ddlbench_nightly")
-    assert _order(nightly) == names
-    for before, after in zip(names, names[1:], strict=False):
-        assert before in nightly.get_task(after).upstream_task_ids, (before, after)
-    for stage in STAGES:
-        assert set(stage.needs) <= nightly.get_task(stage.name).upstream_task_ids, stage.name
-    assert [s.name for s in STAGES if s.always] == ["teardown", "finish"]
-    assert all(nightly.get_task(s.name).is_teardown for s in STAGES if s.always)
-    onboarding = [t for t in _order(dagbag.get_dag("ddlbench_hardware_onboarding")) if t in names]
-    assert onboarding == names
+    for dag_id, suite in (("ddlbench_nightly", "nightly"), ("ddlbench_hardware_onboarding", "onboarding")):
+        dag = dagbag.get_dag(dag_id)
+        names = [s.name for s in STAGES if s.suite is None]
+        assert [t for t in _order(dag) if t in names] == names, dag_id
+        for before, after in zip(names, names[1:], strict=False):
+            assert before in dag.get_task(after).upstream_task_ids, (dag_id, before, after)
+        for i, stage in enumerate(STAGES):
+            if stage.suite is not None:
+                assert (stage.name in dag.task_dict) == (stage.suite == suite), (dag_id, stage.name)
+                if stage.name in dag.task_dict:
+                    assert STAGES[i - 1].name in dag.get_task(stage.name).upstream_task_ids
+                    assert stage.joins in dag.get_task(stage.name).downstream_task_ids
+                continue
+            assert set(stage.needs) <= dag.get_task(stage.name).upstream_task_ids, stage.name
+        assert [s.name for s in STAGES if s.always] == ["teardown", "finish"]
+        assert all(dag.get_task(s.name).is_teardown for s in STAGES if s.always)
+
+
+def test_a_stage_added_to_stages_appears_in_both_dags(airflow_home: Path) -> None:
+    """One more entry in STAGES (before the teardown stages) is a task of both DAGs, in its place."""
+    probe = (
+        "import json, sys\n"
+        "from pipelines import stages\n"
+        "at = [s.always for s in stages.STAGES].index(True)\n"
+        "stages.STAGES = stages.STAGES[:at] + (stages.Stage('probe', 'nowhere'),) + stages.STAGES[at:]\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
+        "print(json.dumps({d: {'up': sorted(bag.get_dag(d).get_task('probe').upstream_task_ids),"
+        " 'down': sorted(bag.get_dag(d).get_task('probe').downstream_task_ids)} for d in bag.dag_ids}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, env=os.environ | airflow_env(airflow_home))
+    assert done.returncode == 0, done.stderr
+    tasks = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(tasks) == {"ddlbench_nightly", "ddlbench_hardware_onboarding"}
+    for dag_id, edges in tasks.items():
+        assert edges == {"up": ["report", "start"], "down": ["teardown"]}, dag_id
+
+
+# Where the pipeline is wired: the DAGs, the Airflow boundary and `ddlbench run`.
+WIRING = [*sorted((REPO / "dags").glob("*.py")), REPO / "pipelines" / "steps.py",
+          REPO / "pipelines" / "cli_pipeline.py", REPO / "pipelines" / "stages" / "__init__.py"]
+
+
+def test_each_stage_is_named_in_one_place() -> None:
+    """Each stage's name is written once, as the first field of its STAGES entry: no wiring file
+    spells it as a string or uses it as a name (its function is found by that one string)."""
+    import ast
+    import io
+    import tokenize
+
+    from pipelines.stages import STAGES
+
+    names = {s.name for s in STAGES}
+    seen: dict[str, list[str]] = {n: [] for n in names}
+    for path in WIRING:
+        for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            value = ast.literal_eval(tok.string) if tok.type == tokenize.STRING and not tok.string.startswith(
+                ("f", "F")) else tok.string if tok.type == tokenize.NAME else None
+            if value in seen:
+                seen[value].append(f"{path.relative_to(REPO)}:{tok.start[0]}")
+    table = REPO / "pipelines" / "stages" / "__init__.py"
+    declared = {
+        node.args[0].value: node.lineno
+        for node in ast.walk(ast.parse(table.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Stage"
+        and node.args and isinstance(node.args[0], ast.Constant)
+    }
+    assert set(declared) == names
+    for name, where in seen.items():
+        # Its declaration, and references to it inside the table (`needs`, `joins`) only.
+        outside = [w for w in where if not w.startswith("pipelines/stages/__init__.py:")]
+        assert outside == [], (name, outside)
+        assert f"pipelines/stages/__init__.py:{declared[name]}" in where, name
+
+
+def test_the_onboarding_form_offers_every_provider(airflow_home: Path) -> None:
+    from infra import PROVIDER_NAMES
+    from pipelines.onboarding import PROVIDERS
+
+    assert PROVIDERS == PROVIDER_NAMES
 
 
 def test_training_pool_slots_are_the_nodes_a_job_takes(airflow_home: Path, tmp_path: Path) -> None:
@@ -185,7 +295,9 @@ def test_onboarding_rejects_bad_params_before_anything_runs(dagbag: Any, tmp_pat
 
 
 def test_onboarding_rejects_fields_that_contradict_each_other(airflow_home: Path) -> None:
-    from dags.ddlbench_hardware_onboarding import FORM, OnboardingError, onboarding_overrides
+    from dags.ddlbench_hardware_onboarding import FORM
+    from pipelines.onboarding import OnboardingError
+    from pipelines.onboarding import overrides as onboarding_overrides
 
     form = {name: param.value for name, param in FORM.items()}
     with pytest.raises(OnboardingError,

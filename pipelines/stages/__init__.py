@@ -1,71 +1,72 @@
-"""The benchmark pipeline's stages (DESIGN §1), for Airflow and the CLI alike.
+"""The benchmark pipeline's stages (DESIGN §1, docs/design.md), for Airflow and the CLI alike.
 
-`STAGES` is their order: the CLI runs them in it and the DAGs wire their tasks in it
-(tests/test_dags.py holds the two together). Each stage writes its outputs to
-the run directory first and logs the same to MLflow through the journal; see runner.py
-for how a stage runs once per run key.
+`STAGES` is the one list of them, in their order: `ddlbench run` runs them in it and both DAGs
+make one task per stage from it (dags/_common.py), so a stage added here appears in all three.
+Each entry names a function of the same name in `pipelines.stages.<module>`; it is imported
+only when the stage runs, so the DAG files read this table without loading torch or MLflow.
+Each stage writes its outputs to the run directory first and logs the same to MLflow through
+the journal; see runner.py for how a stage runs once per run key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
-
-from pipelines.stages.confirm import confirm, suspects
-from pipelines.stages.lifecycle import finish, provision, start, sync, teardown
-from pipelines.stages.measure import microbench, profile
-from pipelines.stages.model import fit, predict, validate
-from pipelines.stages.publish import record_hardware_profile, report
-from pipelines.stages.train import train, train_configs
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the pipeline: an Airflow task of the same name."""
+    """One stage of the pipeline: an Airflow task of the same name and a step of `ddlbench run`."""
 
     name: str
-    run: Callable[..., Any]
+    module: str  # pipelines.stages.<module> defines the function `name`
     needs: tuple[str, ...] = ()  # earlier stages whose results it takes, after the run context
     mapped: bool = False  # runs once per entry of the result of its one need (the training grid)
+    setup: bool = False  # makes what a `releases` stage gives back (the run's cluster)
     always: bool = False  # runs also after a failure (teardown, finish)
+    releases: bool = False  # gives back what the `setup` stages made
     takes_outcome: bool = False  # is told whether the run failed (`failed=`)
+    publishes: bool = False  # its result is the run's report, which a DAG publishes as an Asset
+    suite: str | None = None  # runs only in runs of this suite, beside the others
+    joins: str | None = None  # (a suite's stage) the stage that waits for it
+
+    @property
+    def run(self) -> Callable[..., Any]:
+        """The stage's function (imports its module)."""
+        return getattr(import_module(f"{__name__}.{self.module}"), self.name)
+
+    def runs_in(self, suite: str) -> bool:
+        return self.suite is None or self.suite == suite
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("start", start),
-    Stage("provision", provision),
-    Stage("microbench", microbench),
-    Stage("profile", profile),
-    Stage("fit", fit),
-    Stage("predict", predict),  # before any training, so predictions never see the measurements
-    Stage("train_configs", train_configs),
-    Stage("train", train, needs=("train_configs",), mapped=True),
-    Stage("validate", validate, needs=("train",)),
-    Stage("suspects", suspects, needs=("train",)),  # configs whose throughput alarms
-    Stage("confirm", confirm, needs=("suspects",), mapped=True),  # each rerun once, same cluster
-    Stage("report", report, needs=("train", "validate", "confirm")),
-    Stage("teardown", teardown, always=True),
-    Stage("finish", finish, always=True, takes_outcome=True),
+    Stage("start", "lifecycle"),
+    Stage("provision", "lifecycle", setup=True),
+    Stage("microbench", "measure"),
+    Stage("profile", "measure"),
+    Stage("fit", "model"),
+    # Onboarding only: the fitted comm model and layer tables, for other runs to predict from.
+    Stage("record_hardware_profile", "publish", suite="onboarding", joins="report"),
+    Stage("predict", "model"),  # before any training, so predictions never see the measurements
+    Stage("train_configs", "train"),
+    Stage("train", "train", needs=("train_configs",), mapped=True),
+    Stage("validate", "model", needs=("train",)),
+    Stage("suspects", "confirm", needs=("train",)),  # configs whose throughput alarms
+    Stage("confirm", "confirm", needs=("suspects",), mapped=True),  # each rerun once, same cluster
+    Stage("report", "publish", needs=("train", "validate", "confirm"), publishes=True),
+    Stage("teardown", "lifecycle", always=True, releases=True),
+    Stage("finish", "lifecycle", always=True, takes_outcome=True),
 )
 
-__all__ = [
-    "STAGES",
-    "Stage",
-    "confirm",
-    "finish",
-    "fit",
-    "microbench",
-    "predict",
-    "profile",
-    "provision",
-    "record_hardware_profile",
-    "report",
-    "start",
-    "suspects",
-    "sync",
-    "teardown",
-    "train",
-    "train_configs",
-    "validate",
-]
+
+def stage(name: str) -> Stage:
+    """The stage of this name, or KeyError listing the stages."""
+    for s in STAGES:
+        if s.name == name:
+            return s
+    raise KeyError(f"no stage {name!r}; the stages are {', '.join(s.name for s in STAGES)}")
+
+
+__all__ = ["STAGES", "Stage", "stage"]

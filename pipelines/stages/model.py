@@ -95,9 +95,9 @@ def _placements(spec: BenchSpec, sizes: list[int]) -> dict[tuple[int, int], tupl
     """(workers, servers) -> the node of every rank as the spec's provider places that job
     (DESIGN §5), for the grid's and the what-if world sizes; a what-if this cluster cannot
     place is predicted without a placement (a cluster like it, large enough)."""
-    from infra import ProviderError, get_provider
+    from infra import ProviderError
 
-    provider = get_provider(spec.provider.name, **spec.provider.options)  # provisions nothing
+    provider = spec.provider.build()  # provisions nothing
     out = {}
     for n, servers in itertools.product(sizes, {0, spec.servers}):
         try:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.context import RunContext
 from pipelines.spec import BenchSpec, Workload
-from pipelines.tracking import Tracker, tracker_for
+from pipelines.tracking import Tracker
 
 if TYPE_CHECKING:
     from infra import Provider
@@ -42,7 +42,7 @@ def run_tags(ctx: RunContext) -> dict[str, str]:
 
 
 def tracker(ctx: RunContext) -> Tracker:
-    return tracker_for(ctx.as_dict())
+    return ctx.tracker
 
 
 def run_once(
@@ -73,13 +73,8 @@ def run_once(
 
 
 def provider(spec: BenchSpec) -> Provider:
-    """The spec's cluster provider, not yet provisioned (a context manager that releases what it holds)."""
-    from infra import get_provider
-
-    options = dict(spec.provider.options)
-    if spec.provider.name == "local":
-        options.setdefault("threads_per_process", spec.train.get("threads", 1))
-    return get_provider(spec.provider.name, **options)
+    """The run's cluster provider, not yet provisioned: its ranks use the spec's training threads."""
+    return spec.provider.build(threads=spec.train.get("threads", 1))
 
 
 def cluster_handle(ctx: RunContext) -> dict[str, Any]:
