@@ -150,7 +150,7 @@ def _task(stage: Stage, report_asset: Asset, train_slots: int) -> Any:
     retries, outlets) comes from the stage's kind."""
     if stage.mapped:
         def body(ctx: dict, entry: dict) -> Any:
-            """One training config and repeat, in fresh torchrun processes."""
+            """One entry of its need (a training config and repeat, or a suspect to rerun)."""
             from pipelines import steps
 
             _context()["config_key"] = entry["key"]
@@ -175,6 +175,17 @@ def _task(stage: Stage, report_asset: Asset, train_slots: int) -> Any:
     if stage.publishes:
         options["outlets"] = [report_asset]
     return task(run, **options)
+
+
+def _gathered(stage: Stage) -> Any:
+    """The results of a mapped stage that may map over nothing. Airflow skips a mapped task over an
+    empty list, and every task after a skipped one; this task runs unless one of them failed, and
+    takes no ctx, since a task that follows the setup task directly must run on ALL_SUCCESS."""
+
+    def gather(results: Any) -> list:
+        return list(results or [])
+
+    return task(gather, task_id=f"{stage.name}_results", trigger_rule="none_failed")
 
 
 def first_task(spec_of: Callable[[dict[str, Any]], tuple[str, dict | None]]) -> Any:
@@ -212,6 +223,10 @@ def benchmark(spec_of: Callable[[dict[str, Any]], tuple[str, dict | None]], repo
         needs = [done[n] for n in stage.needs]
         if stage.mapped:
             out = make.partial(ctx=ctx).expand(entry=needs[0])
+            if stage.may_be_empty:  # gathered, so that an empty map does not skip the stages after it
+                previous >> out
+                previous = out
+                out = _gathered(stage)(out)
         else:
             out = make(ctx, *needs)
         if stage.always:  # a teardown of the first task, and of the setups it releases

@@ -24,6 +24,7 @@ class Stage:
     module: str  # pipelines.stages.<module> defines the function `name`
     needs: tuple[str, ...] = ()  # earlier stages whose results it takes, after the run context
     mapped: bool = False  # runs once per entry of the result of its one need (the training grid)
+    may_be_empty: bool = False  # (mapped) its need may be an empty list
     setup: bool = False  # makes what a `releases` stage gives back (the run's cluster)
     always: bool = False  # runs also after a failure (teardown, finish)
     releases: bool = False  # gives back what the `setup` stages made
@@ -54,7 +55,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("train", "train", needs=("train_configs",), mapped=True),
     Stage("validate", "model", needs=("train",)),
     Stage("suspects", "confirm", needs=("train",)),  # configs whose throughput alarms
-    Stage("confirm", "confirm", needs=("suspects",), mapped=True),  # each rerun once, same cluster
+    Stage("confirm", "confirm", needs=("suspects",), mapped=True, may_be_empty=True),  # each rerun once, same cluster
     Stage("report", "publish", needs=("train", "validate", "confirm"), publishes=True),
     Stage("teardown", "lifecycle", always=True, releases=True),
     Stage("finish", "lifecycle", always=True, takes_outcome=True),
