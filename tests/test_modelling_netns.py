@@ -21,6 +21,8 @@ import pytest
 from infra.netns import NetnsProvider
 from modelling.fit import fit_comm
 from modelling.microbench import run_microbench
+from modelling.predict import predict
+from modelling.scenario import Scenario
 
 pytestmark = [
     pytest.mark.slow,
@@ -110,9 +112,9 @@ def test_an_issue_spec_is_measured_predicted_and_validated(tmp_path: Path, spec:
                                                            label: str) -> None:
     """A spec of the issue through `ddlbench run` on netns, every algorithm. The
     microbenchmark times the link on a pair that crosses nodes and loopback on a pair within
-    one (a pair by rank number timed loopback in the link's place on [2, 1, 1], and the
-    allreduce fit was flagged faster than the link); no fit is flagged against the stated
-    rate; every algorithm is predicted and has a validation row; the run ends FINISHED."""
+    one (a pair by rank number timed loopback in the link's place on [2, 1, 1]); a fit
+    flagged against the stated rate is predicted at that rate, with a note; every algorithm
+    is predicted and has a validation row; the run ends FINISHED."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     done = subprocess.run(
         [str(Path(sys.executable).with_name("ddlbench")), "run", str(GRIDS / spec), "--home", str(tmp_path),
@@ -127,10 +129,18 @@ def test_an_issue_spec_is_measured_predicted_and_validated(tmp_path: Path, spec:
     assert placed[a] != placed[b]  # the link
     a, b = pairs["loopback"]
     assert placed[a] == placed[b]  # within a node
+    # A fit flagged against the stated rate (a token bucket's burst, 1 MB at 2 Gbit/s, carries
+    # most of the 1 MiB message, and the sustained slope over the largest two sizes beats the
+    # link) is predicted at that rate, and the prediction says so; nothing is skipped.
     model = json.loads((run / "fit" / "model.json").read_text())
-    flagged = [f"{f['primitive']} w{f['workers']}: {f['flags']}" for f in model["fits"]
-               if not f["usable"] and f["primitive"] in ("p2p", "allreduce", "ps")]
-    assert not flagged
+    flagged = {f["primitive"] for f in model["fits"] if not f["usable"]}
+    layers = json.loads(next(run.glob("profile/*/layers.json")).read_text())
+    for path in run.glob("train/*/summary.json"):
+        summary = json.loads(path.read_text())
+        [p] = predict(layers, model, Scenario.from_summary(summary), strict=False)
+        assert p["no_prediction"] is None and p["iter_time_s"] > 0
+        if summary["comm"] in flagged:
+            assert "wire time at the stated link rate" in p["note"], p["note"]
     predictions = json.loads((run / "predict" / "predictions.json").read_text())
     assert {p["algorithm"] for p in predictions if p["iter_time_s"]} == {"ssgd-allreduce", "ssgd-ps", "asgd-ps",
                                                                           "odsgd-ps"}

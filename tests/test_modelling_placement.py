@@ -8,6 +8,8 @@ import statistics
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infra.placement import place
 from modelling.dag import build_plan
@@ -559,3 +561,35 @@ def test_a_loopback_pair_is_fitted_apart_and_sets_a_local_transfers_latency() ->
     assert CommCosts(model).loopback_latency() == pytest.approx(5e-6, rel=1e-3)
     assert CommCosts(fit_comm(_ps_comm(_placed(2, 1, 2, "colocated")), link_bytes_per_s=LINK)
                      ).loopback_latency() == pytest.approx(ALPHA, rel=1e-3)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(1, 64), st.integers(0, 4), st.integers(1, 6), st.sampled_from(["colocated", "dedicated"]),
+       st.sampled_from([None, 1, 2, 4, 16]))
+def test_every_placement_times_each_link_class_it_uses(workers, servers, nodes, policy, per_node) -> None:
+    """Any placement (even, uneven, dedicated, devices_per_node): the link pair crosses nodes
+    wherever the job spans several, and a loopback pair is timed wherever some node runs two
+    ranks; every pair is two distinct ranks of the job, workers where workers can serve."""
+    from infra.placement import PlacementError
+    from modelling.links import p2p_pairs
+
+    try:
+        node_of_rank = place(workers, servers, nodes, policy, devices_per_node=per_node).node_of_rank
+    except PlacementError:
+        return
+    if workers + servers < 2:
+        return
+    pairs = p2p_pairs(workers, node_of_rank)
+    spans = len(set(node_of_rank)) > 1
+    for a, b in pairs.values():
+        assert 0 <= a < b < len(node_of_rank)
+    a, b = pairs["p2p"]
+    assert (node_of_rank[a] != node_of_rank[b]) == spans
+    worker_nodes = set(node_of_rank[:workers])
+    if spans and len(worker_nodes) > 1:
+        assert b < workers  # two workers, as a ring step crosses
+    shared = any(node_of_rank.count(n) > 1 for n in set(node_of_rank))
+    assert ("loopback" in pairs) == (spans and shared)
+    if "loopback" in pairs:
+        a, b = pairs["loopback"]
+        assert node_of_rank[a] == node_of_rank[b]
