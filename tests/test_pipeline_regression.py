@@ -497,3 +497,26 @@ def test_the_run_test_states_finite_figures_for_any_history(
     assert res["effect_ci"][0] <= res["effect"] <= res["effect_ci"][1]
     assert 0.05 <= res["detectable_slowdown"] <= 1
     json.dumps(res, allow_nan=False)
+
+
+def test_an_alarm_stands_only_if_its_rerun_agrees() -> None:
+    """apply_confirmations: a finished rerun that disagrees lifts the alarm (and says so), one that
+    agrees keeps it, a failed rerun keeps it; no confirmation stage keeps every alarm as found."""
+    import copy
+
+    from pipelines.stages.confirm import apply_confirmations
+
+    spec = RegressionSpec()
+    found = regression_check(_table([700.0]), None, _history([[v] for v in HISTORY]), spec)
+    assert found["status"] == "regressed"
+    rerun = {"key": f"rerun-{CONFIG}", "config": CONFIG, "rerun_keys": [f"rerun-{CONFIG}-r0"], "p_value": 0.4,
+             "effect": -0.01, "effect_ci": [-0.1, 0.1], "basis": "raw"}
+    gone = apply_confirmations(copy.deepcopy(found), [{**rerun, "status": "FINISHED", "confirmed": False}])
+    assert (gone["status"], gone["regressions"], gone["unconfirmed"]) == ("passed", [], [CONFIG])
+    assert describe(gone) == "no regression against 10 history runs (1 alarm(s) not confirmed by a rerun)"
+    assert "-1.0%, p 0.4: does not agree | no (rerun disagrees)" in "\n".join(markdown(gone, spec))
+    kept = apply_confirmations(copy.deepcopy(found), [{**rerun, "status": "FINISHED", "confirmed": True}])
+    assert kept["status"] == "regressed" and kept["regressions"][0]["confirmation"]["confirmed"]
+    failed = apply_confirmations(copy.deepcopy(found), [{"key": f"rerun-{CONFIG}", "status": "FAILED"}])
+    assert failed["status"] == "regressed" and "rerun failed" in "\n".join(markdown(failed, spec))
+    assert apply_confirmations(copy.deepcopy(found), None) == found
