@@ -140,24 +140,28 @@ def run_test(now: dict[str, Any], history: list[dict[str, Any]], normalised: boo
     dfh = sum(h["within_df"] for h in history) if known else math.inf
     if s2 > wbar:  # a between-run spread beyond the runs' own noise
         var = (1 + 1 / k) * s2 - wbar + w0
-        denom = ((1 + 1 / k) * s2) ** 2 / (k - 1) + w0**2 / df0 + wbar**2 / dfh
+        terms = [((1 + 1 / k) * s2, k - 1), (w0, df0), (wbar, dfh)]
     else:  # the history's spread is the noise of its steps alone
         var = w0 + wbar / k
-        denom = w0**2 / df0 + (wbar / k) ** 2 / dfh
-    df = var**2 / denom if denom > 0 else math.inf
+        terms = [(w0, df0), (wbar / k, dfh)]
+    # Satterthwaite's df (each term relative to the variance, so tiny variances do not underflow); it
+    # can fall below the history's k - 1 when the within-run term is subtracted: one degree of
+    # freedom (two runs) is the least the history always gives
+    inv = sum((v / var) ** 2 / nu for v, nu in terms) if var > 0 else 0.0
+    df = max(1 / inv, 1.0) if inv > 0 else math.inf
     if var > 0:
         p = float(stats.t.cdf(d / math.sqrt(var), df))
         half = float(stats.t.ppf(0.5 + CI_LEVEL / 2, df)) * math.sqrt(var)
     else:  # no spread at all: any change is certain
         p, half = (0.0 if d < 0 else 1.0), 0.0
-    effect = math.exp(d) - 1
+    effect = math.expm1(d)
     return {
         "basis": "canary" if normalised else "raw",
         "p_value": p,
         "effect": effect,
-        "effect_ci": [math.exp(d - half) - 1, math.exp(d + half) - 1],
+        "effect_ci": [math.expm1(d - half), math.expm1(min(d + half, 700.0))],
         "variance": var,
-        "df": df,
+        "df": df if math.isfinite(df) else None,  # None: no spread at all
         "regressed": p < alpha and effect < -min_effect,
         "detectable_slowdown": detectable_slowdown(var, df, alpha, min_effect) if power else None,
     }

@@ -5,6 +5,7 @@ injected slowdown keeps the spec hash and raises the alarm end to end, an A/A re
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -307,11 +308,70 @@ def test_an_injected_slowdown_raises_the_alarm_confirmed_by_its_rerun_and_an_aa_
         steps.finish(ctx)
 
 
+# The alarm as the nightly judges, on the same history: alpha 0.25 (df 2 with three history runs: t
+# below -0.82) and min_effect 10%. A real 30% slowdown is a log change of -0.36. Whether three
+# single-repeat runs let the alarm see it depends on the host: relative to the canary their sd is
+# about 0.03 on a quiet machine (a detectable slowdown near 12%), 0.1-0.3 with a load average of
+# 18 on the 2 cores (detectable 50-90%). The test holds the alarm to what it states: where the
+# history lets it catch 20% (so 30% fails to alarm with a chance below 1e-4 per run), the 30%
+# slowdown alarms and its rerun confirms it; elsewhere its power line says it could not.
+JUDGED = ("regression.alpha=0.25", "regression.min_effect=0.1")
+
+
+def _iteration_s(report: dict[str, Any]) -> float:
+    (row,) = report["comparison"]
+    return 64 / statistics.median(row["throughput_repeats"])  # 2 workers x batch 32 per iteration
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_real_30_percent_slowdown_alarms_and_its_rerun_confirms_it(e2e: Any) -> None:
+    """train.inject_delay_ms sleeps in every iteration: 0.3 / 0.7 of the history's iteration time
+    slows the throughput by 30%; the alarm fires relative to the canary, which the sleep leaves alone."""
+    iteration = math.exp(statistics.fmean(math.log(_iteration_s(r)) for r in e2e["reports"].values()))
+    delay_ms = round(1000 * iteration * 0.3 / 0.7, 1)
+    report = e2e["run"]("slow-30", f"train.inject_delay_ms={delay_ms}", *JUDGED)
+    (check,) = report["regression"]["checks"]
+    assert check["basis"] == "canary" and check["history_runs"] >= 3
+    md = (e2e["home"] / "runs" / "slow-30" / "report" / "report.md").read_text()
+    assert f"this run would have caught a slowdown of {check['detectable_slowdown']:.0%} or more" in md
+    if check["detectable_slowdown"] > 0.2:  # the history is too noisy to vouch for 30%: said, not hidden
+        assert 0.2 < check["detectable_slowdown"] <= 1
+        return
+    (found,) = report["regressions"]
+    assert found["effect"] < -0.1 and found["p_value"] < 0.25
+    assert found["confirmation"]["confirmed"] and found["confirmation"]["effect"] < -0.1
+    assert report["regression"]["status"] == "regressed"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_host_wide_load_is_no_regression_of_the_workloads(e2e: Any) -> None:
+    """CPU burners (4 per core) through the whole run slow the host for every workload: the
+    throughput falls and the canary with it, so the test relative to the canary finds nothing."""
+    import subprocess
+    import sys
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4 * (os.cpu_count() or 1))]
+    try:
+        report = e2e["run"]("loaded", *JUDGED)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    (check,) = report["regression"]["checks"]
+    # the canary's share of the change is the host's: raw = (1 + host) (1 + relative to the canary) - 1
+    assert 1 + check["raw"]["effect"] == pytest.approx((1 + check["host_change"]) * (1 + check["effect"]))
+    assert check["basis"] == "canary" and not check["regressed"]
+    assert report["regression"]["status"] == "passed" and report["regressions"] == []
+
+
 # --- the statistics of the alarm (pipelines/regression_stats.py) ---------------------------------
 
 
 def _fig(log_thr: float, canary: float | None = None, within: float | None = None, df: int = 30) -> dict[str, Any]:
-    return {"log_thr": log_thr, "canary_log": canary, "within_var": within, "within_df": df if within else None,
+    known = within is not None
+    return {"log_thr": log_thr, "canary_log": canary, "within_var": within, "within_df": df if known else None,
             "repeats": 1}
 
 
@@ -412,3 +472,51 @@ def test_a_step_in_the_history_is_a_change_point_and_noise_is_none() -> None:
     # histories without a step (11 runs, the alarm's history and this run): about 1% show one
     false = sum(bool(change_points(list(np.random.default_rng(s).normal(0, 0.05, 11)), seed=s)) for s in range(300))
     assert false <= 9
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    xs=st.lists(st.floats(-3, 3), min_size=2, max_size=10),
+    now=st.floats(-3, 3),
+    within=st.lists(st.floats(0, 4), min_size=11, max_size=11),
+    dfs=st.lists(st.integers(1, 60), min_size=11, max_size=11),
+)
+def test_the_run_test_states_finite_figures_for_any_history(
+    xs: list[float], now: float, within: list[float], dfs: list[int]
+) -> None:
+    """Two history runs and within-run noise far above their spread: still a p-value, an interval
+    and a power figure the report can print (and JSON can hold)."""
+    import json
+
+    from pipelines.regression_stats import run_test
+
+    hist = [_fig(x, within=w, df=d) for x, w, d in zip(xs, within, dfs, strict=False)]
+    res = run_test(_fig(now, within=within[-1], df=dfs[-1]), hist, False, 0.01, 0.05)
+    assert 0 <= res["p_value"] <= 1 and (res["df"] is None) == (res["variance"] == 0)
+    assert res["df"] is None or res["df"] >= 1
+    assert res["effect_ci"][0] <= res["effect"] <= res["effect_ci"][1]
+    assert 0.05 <= res["detectable_slowdown"] <= 1
+    json.dumps(res, allow_nan=False)
+
+
+def test_an_alarm_stands_only_if_its_rerun_agrees() -> None:
+    """apply_confirmations: a finished rerun that disagrees lifts the alarm (and says so), one that
+    agrees keeps it, a failed rerun keeps it; no confirmation stage keeps every alarm as found."""
+    import copy
+
+    from pipelines.stages.confirm import apply_confirmations
+
+    spec = RegressionSpec()
+    found = regression_check(_table([700.0]), None, _history([[v] for v in HISTORY]), spec)
+    assert found["status"] == "regressed"
+    rerun = {"key": f"rerun-{CONFIG}", "config": CONFIG, "rerun_keys": [f"rerun-{CONFIG}-r0"], "p_value": 0.4,
+             "effect": -0.01, "effect_ci": [-0.1, 0.1], "basis": "raw"}
+    gone = apply_confirmations(copy.deepcopy(found), [{**rerun, "status": "FINISHED", "confirmed": False}])
+    assert (gone["status"], gone["regressions"], gone["unconfirmed"]) == ("passed", [], [CONFIG])
+    assert describe(gone) == "no regression against 10 history runs (1 alarm(s) not confirmed by a rerun)"
+    assert "-1.0%, p 0.4: does not agree | no (rerun disagrees)" in "\n".join(markdown(gone, spec))
+    kept = apply_confirmations(copy.deepcopy(found), [{**rerun, "status": "FINISHED", "confirmed": True}])
+    assert kept["status"] == "regressed" and kept["regressions"][0]["confirmation"]["confirmed"]
+    failed = apply_confirmations(copy.deepcopy(found), [{"key": f"rerun-{CONFIG}", "status": "FAILED"}])
+    assert failed["status"] == "regressed" and "rerun failed" in "\n".join(markdown(failed, spec))
+    assert apply_confirmations(copy.deepcopy(found), None) == found
