@@ -12,6 +12,7 @@ from typing import Any
 
 from infra import Job, JobResult, Provider
 from infra.hostload import CpuProbe
+from training import heartbeat
 from training.config import ConfigError, TrainConfig, build_config
 
 
@@ -20,9 +21,12 @@ class OutputError(RuntimeError):
 
 
 class JobFailed(RuntimeError):
-    def __init__(self, result: JobResult) -> None:
-        super().__init__(result.describe_failure())
-        self.result = result
+    """A job that failed; `lead`, when known, is the first line: which rank stopped making
+    progress and which ranks timed out waiting for it (training/heartbeat.py)."""
+
+    def __init__(self, result: JobResult, lead: str | None = None) -> None:
+        super().__init__("\n".join(filter(None, [lead, result.describe_failure()])))
+        self.result, self.lead = result, lead
 
 
 def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -85,6 +89,7 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
     stale = ["summary.json", "timeline.jsonl", "trace.json", DIVERGED, *(p.name for p in out.glob("failure-rank*"))]
     for name in stale:
         (out / name).unlink(missing_ok=True)
+    heartbeat.clear(out)
     job = Job(module="training.run", args=[str(out.resolve())], world_size=cfg.world_size, servers=cfg.servers,
               log_path=out / "launcher.log", timeout_s=timeout_s, max_restarts=cfg.max_restarts)
     placement = provider.place_job(job).as_dict()
@@ -98,8 +103,11 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
         summary_path.write_text(json.dumps(summary, indent=2))
         return summary
     if not result.ok or not summary_path.exists():
-        result.causes = [p.read_text().strip() for p in sorted(out.glob("failure-rank*.txt"))]
-        raise JobFailed(result)
+        raised = {int(p.stem.removeprefix("failure-rank")): p.read_text().strip()
+                  for p in out.glob("failure-rank*.txt")}
+        result.causes = [raised[r] for r in sorted(raised)]
+        stopped = heartbeat.stalled(heartbeat.read(out), cfg.timeout_s)
+        raise JobFailed(result, heartbeat.describe_stall(stopped, raised) if stopped else None)
     summary = json.loads(summary_path.read_text())
     summary["placement"] = placement  # where the ranks ran (DESIGN §4: every result carries it)
     env = summary.setdefault("environment", {})

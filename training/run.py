@@ -15,6 +15,7 @@ if __name__ == "__main__":  # a rank: end with its torchrun agent, set before th
 
 import json
 import os
+import re
 import sys
 import time
 from datetime import timedelta
@@ -28,6 +29,7 @@ from torch.distributed.rendezvous import rendezvous
 
 from training.checkpoint import CheckpointStore
 from training.config import Algorithm, Comm, TrainConfig
+from training.heartbeat import Heartbeat
 from training.ps import ServerConfig, ShardLayout, ShardServer
 from training.summary import environment, staleness_figures, timing_figures
 from training.timeline import Timeline, to_chrome_trace, write_jsonl
@@ -35,9 +37,10 @@ from training.trainer import Diverged, Trainer, resolve_steps
 
 DIVERGED = "diverged.json"  # written by the rank that saw a NaN/inf loss
 EXIT_DIVERGED = 3  # a rank's exit status, and `ddlbench train`'s, for a loss that became NaN/inf
+STARTUP_TIMEOUT_S = 300.0  # the longest the ranks wait for each other's set-up
 
 
-def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, torch.device]:
+def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, Any, torch.device]:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
@@ -58,7 +61,8 @@ def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, torch.device]:
     # Point-to-point (PS traffic) and control messages always go over gloo.
     ctrl = dist.new_group(backend="gloo", timeout=timeout) if cfg.device.value == "cuda" else dist.group.WORLD
     workers_group = dist.new_group(ranks=list(range(cfg.workers)), timeout=timeout)
-    return rank, ctrl, workers_group, device
+    startup = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(cfg.timeout_s, STARTUP_TIMEOUT_S)))
+    return rank, ctrl, workers_group, startup, device
 
 
 def _barrier(group) -> None:
@@ -80,15 +84,19 @@ def run(out: Path) -> int:
     cfg = TrainConfig.model_validate_json((out / "config.json").read_text())
     if (out / DIVERGED).exists():  # a torchrun restart of a diverged job: diverged again
         return EXIT_DIVERGED
-    rank, ctrl, workers_group, device = _setup(cfg)
+    rank, ctrl, workers_group, startup, device = _setup(cfg)
     is_worker = rank < cfg.workers
     role = "worker" if is_worker else "server"
     tl = Timeline(rank, role, time.monotonic())
     store = CheckpointStore(out, cfg)
     trainer = server = None
+    heartbeat = Heartbeat(out, rank, role, tl).start()  # names this rank if it stops (pipelines/launch.py)
     try:
         if is_worker:
             trainer = Trainer(cfg, rank, tl, device, workers_group, ctrl, out)
+        # Set-up (model, data) takes seconds more on a busy host, and a shard has none to do: it
+        # waits for the workers here, with a start-up allowance, not at its first timed wait.
+        _barrier(startup)
         steps, numel = _job_shape(cfg, rank, trainer, ctrl)
         if not is_worker:
             is_async = cfg.algorithm == Algorithm.asgd
@@ -146,12 +154,18 @@ def run(out: Path) -> int:
     except Exception as err:
         what = f"rank {rank} ({role}) failed during {tl.current}: {type(err).__name__}: {err}"
         print(what, file=sys.stderr, flush=True)
-        (out / f"failure-rank{rank}.txt").write_text(what + "\n")
+        # The launcher's message: without gloo's source location ("[.../unbound_buffer.cc:81] ").
+        (out / f"failure-rank{rank}.txt").write_text(_SOURCE_LOCATION.sub("", what) + "\n")
         raise
+    finally:
+        heartbeat.stop()
     if rank == 0:
         _write_outputs(cfg, out, steps, gathered)
     dist.destroy_process_group()
     return 0
+
+
+_SOURCE_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*")
 
 
 def _agree(value: int, group) -> int:
