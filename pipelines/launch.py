@@ -6,14 +6,18 @@ input fails before any process starts, with a message naming the option.
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
 
 from infra import Job, JobResult, Provider
 from infra.hostload import CpuProbe
+from pipelines.disk import disk_full, free_bytes
 from training import heartbeat
 from training.config import ConfigError, TrainConfig, build_config
+
+_NEARLY_FULL = 64 << 10  # free bytes below which a failed job's filesystem is taken to be full
 
 
 class OutputError(RuntimeError):
@@ -44,6 +48,13 @@ def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
     return cfg
 
 
+def _filled(out: Path, raised: dict[int, str]) -> bool:
+    """Whether a failed job failed for want of space: a rank said so, or (its failure text
+    unwritable too) the output's filesystem has next to nothing left."""
+    said = any("No space left on device" in cause or "Disk quota exceeded" in cause for cause in raised.values())
+    return said or free_bytes(out) < _NEARLY_FULL
+
+
 def _check_model_builds(cfg: TrainConfig) -> None:
     import torch
 
@@ -69,6 +80,8 @@ def launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | N
     try:
         return _launch(cfg, out, provider, timeout_s, echo)
     except OSError as err:
+        if full := disk_full(err, out):
+            raise OutputError(f"{full}; what was written before is kept") from full
         raise OutputError(f"output directory {out}: {err.strerror} ({err.filename or 'a run file'}); "
                           "what was written before is kept") from None
 
@@ -106,6 +119,8 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
         raised = {int(p.stem.removeprefix("failure-rank")): p.read_text().strip()
                   for p in out.glob("failure-rank*.txt")}
         result.causes = [raised[r] for r in sorted(raised)]
+        if _filled(out, raised):  # a rank that could not write its outputs
+            raise OSError(errno.ENOSPC, "No space left on device", str(out))
         stopped = heartbeat.stalled(heartbeat.read(out), cfg.timeout_s)
         raise JobFailed(result, heartbeat.describe_stall(stopped, raised) if stopped else None)
     summary = json.loads(summary_path.read_text())
