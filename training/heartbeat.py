@@ -16,6 +16,7 @@ Only the standard library here: the launcher reads beats without importing torch
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -71,7 +72,12 @@ class Heartbeat:
             fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 # Blocks allocated now: a write to a map of a file the disk cannot hold is SIGBUS.
-                os.posix_fallocate(fd, 0, SIZE)
+                try:
+                    os.posix_fallocate(fd, 0, SIZE)
+                except OSError as err:
+                    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    os.write(fd, b" " * SIZE)  # a filesystem without fallocate (NFS): written out
                 self._map = mmap.mmap(fd, SIZE)
             finally:
                 os.close(fd)
