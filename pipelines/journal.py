@@ -78,15 +78,19 @@ class Journal:
             self._full_retried(self.path, len(line), lambda: self._append(line))
 
     def _append(self, line: bytes) -> None:
-        with open(self.path, "ab") as f:
-            size = f.tell()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size  # the lock keeps other writers out
             try:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+                view = memoryview(line)
+                while view:  # a full disk may take part of a write before it refuses the rest
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
             except OSError:
-                f.truncate(size)  # no torn line for the next entry to be glued to
+                os.ftruncate(fd, size)  # no torn line for the next entry to be glued to
                 raise
+        finally:
+            os.close(fd)
 
     def _full_retried(self, path: Path, needed: int, write: Any) -> None:
         """`write()`; on a full disk, free the reserve and retry once, then raise DiskFull."""

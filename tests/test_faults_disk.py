@@ -18,7 +18,7 @@ import pytest
 
 from pipelines.journal import RESERVE, Journal
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults,
+pytestmark = [pytest.mark.faults,
               pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,11 +44,10 @@ def fill_when_training(home: Path, filled: list[float]) -> threading.Thread:
         while time.monotonic() < deadline:
             for m in home.glob("runs/*/train/*/metrics.jsonl"):
                 if m.stat().st_size:
-                    with open(home / "ballast", "wb") as f:
+                    with open(home / "ballast", "wb", buffering=0) as f:
                         try:
                             while True:
                                 f.write(b"\0" * (64 << 10))
-                                f.flush()
                         except OSError:
                             pass
                     filled.append(time.monotonic())
@@ -68,6 +67,7 @@ def statuses(tracking_uri: str, experiment: str) -> dict[str, str]:
     return {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["home", "elsewhere"])
 def test_a_disk_that_fills_while_training_fails_in_one_line_and_sync_finishes(small_home, tmp_path, store):
     home = small_home / "home"
@@ -112,3 +112,32 @@ def test_a_disk_that_fills_while_training_fails_in_one_line_and_sync_finishes(sm
     assert ended[ctx["run_key"]] == "FAILED" and "RUNNING" not in ended.values(), ended
     trained = [name for name in ended if name.startswith("lenet5-ssgd")]
     assert trained and {ended[n] for n in trained} == {"FAILED"}, ended
+
+
+def test_the_journal_on_a_full_disk_keeps_whole_entries_and_spends_its_reserve_once(small_home):
+    """Journal writes on a filled tmpfs: the first that finds no space frees the reserve and is
+    kept (and still raises, naming the file); once the reserve is spent, a write that does not
+    fit raises and leaves the journal as it was, with no torn line."""
+    from pipelines.disk import DiskFull
+
+    journal = Journal(small_home / "run")
+    journal.append({"op": "start_run", "node": "pipeline"})
+    assert (small_home / "run" / RESERVE).stat().st_blocks * 512 >= 256 << 10
+    with open(small_home / "ballast", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    big = {"op": "metrics", "node": "pipeline", "metrics": [{"key": "x" * 100, "value": 1.0}] * 100}
+    with pytest.raises(DiskFull, match=rf"no space left on device: {re.escape(str(journal.path))} \("):
+        journal.append(big)
+    assert not (small_home / "run" / RESERVE).exists()
+    kept = journal.path.read_bytes()
+    assert [json.loads(line)["op"] for line in kept.splitlines()] == ["start_run", "metrics"]
+    with pytest.raises(DiskFull):  # the freed space is used up: this one cannot fit
+        for _ in range(1000):
+            journal.append(big)
+    raw = journal.path.read_bytes()
+    assert raw.endswith(b"\n") and all(json.loads(line) for line in raw.splitlines())
+    journal.write_state({"offset": 0, "runs": {}})  # small: fits in what is left, or raises DiskFull
