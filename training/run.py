@@ -94,10 +94,9 @@ def run(out: Path) -> int:
     try:
         if is_worker:
             trainer = Trainer(cfg, rank, tl, device, workers_group, ctrl, out)
-        # Set-up (model, data) takes seconds more on a busy host, and a shard has none to do: it
-        # waits for the workers here, with a start-up allowance, not at its first timed wait.
-        _barrier(startup)
-        steps, numel = _job_shape(cfg, rank, trainer, ctrl)
+        # Set-up (model, data, a shard's buffers, a checkpoint's load) takes seconds more on a busy
+        # host, and unevenly: its waits are on the start-up group, with a start-up allowance.
+        steps, numel = _job_shape(cfg, rank, trainer, startup)
         if not is_worker:
             is_async = cfg.algorithm == Algorithm.asgd
             sc = ServerConfig(
@@ -108,7 +107,7 @@ def run(out: Path) -> int:
                 weight_decay=cfg.weight_decay, timeout_s=cfg.timeout_s,
             )
             server = ShardServer(sc, ShardLayout.even(numel, cfg.servers), ctrl, tl)
-        done = _agree(store.latest() if rank == 0 else 0, ctrl)
+        done = _agree(store.latest() if rank == 0 else 0, startup)
         clock = 0.0
         if done:
             state = store.load(done, rank)
@@ -118,7 +117,7 @@ def run(out: Path) -> int:
                 server.load_state_dict(state["server"])
                 tl.records, clock = list(state["records"]), state["clock"]
             print(f"rank {rank}: resumed from the checkpoint after step {done}", flush=True)
-        _barrier(ctrl)
+        _barrier(startup)
         tl.epoch = time.monotonic() - clock  # the common clock, continued across a resume
 
         def on_step(t: int) -> None:
