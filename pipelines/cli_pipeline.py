@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from pipelines.cli_compare import compare
+from pipelines.disk import disk_full
 
 
 class SpecRefused(click.ClickException):
@@ -36,6 +37,11 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
         )
     except ConfigError as err:  # SpecError too
         raise SpecRefused(str(err)) from None
+    except OSError as err:  # the run directory or its journal cannot be written
+        if (full := disk_full(err)) is None:
+            raise
+        click.echo(f"ddlbench run: {full}", err=True)
+        sys.exit(1)
     console.print(
         f"run [bold]{ctx.run_key}[/] in {ctx.run_dir}  (MLflow {ctx.tracking_uri}, experiment {ctx.experiment})"
     )
@@ -94,20 +100,52 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
                 progress.update(task, completed=1)
         except Exception as err:  # noqa: BLE001 - reported, then the run ends FAILED
             failed = True
-            console.print(f"[red]{type(err).__name__}: {err}[/]")
+            _report(console, err, results)
         except BaseException:
             failed = True
             raise
         finally:
             for stage in (s for s in stages if s.always):
-                results[stage.name] = stage.run(ctx, failed=failed) if stage.takes_outcome else stage.run(ctx)
-            done = next(results[s.name] for s in stages if s.takes_outcome)
-            if done["pending"]:
+                try:
+                    results[stage.name] = stage.run(ctx, failed=failed) if stage.takes_outcome else stage.run(ctx)
+                except Exception as err:  # a full disk: what the journal kept is for `ddlbench sync`
+                    if disk_full(err) is None:
+                        raise
+                    failed = True
+                    _report(console, err, results)
+            done = results.get("finish") or _unfinished(ctx)
+            results["finish"] = done
+            if done["pending"] and "disk_full" in results:
+                console.print(
+                    f"[yellow]the journal keeps {done['pending']} entries MLflow lacks: once space is freed, "
+                    f"`ddlbench sync {ctx.run_dir}` uploads them and ends the runs left open FAILED[/]",
+                    soft_wrap=True,
+                )
+            elif done["pending"]:
                 console.print(
                     f"[yellow]MLflow unreachable: {done['pending']} journal entries wait for "
                     f"`ddlbench sync {ctx.run_dir}`[/]"
                 )
     return results, failed
+
+
+def _report(console: Any, err: Exception, results: dict[str, Any]) -> None:
+    """One line for a failed stage; a full disk names its path and space (pipelines/disk.py)."""
+    from rich.markup import escape
+
+    if full := disk_full(err):
+        results.setdefault("disk_full", str(full))
+        console.print(f"[red]{escape(str(full))}[/]", soft_wrap=True)
+    else:
+        console.print(f"[red]{type(err).__name__}: {escape(str(err))}[/]")
+
+
+def _unfinished(ctx: Any) -> dict[str, Any]:
+    """`finish`'s result when it could not run to its end (its disk full)."""
+    from pipelines.journal import Journal
+
+    return {"run_key": ctx.run_key, "status": "FAILED", "orphans_failed": [], "synced": False,
+            "pending": Journal(ctx.run_dir).pending(), "parent_run_id": None}
 
 
 def _print_run_summary(

@@ -17,6 +17,11 @@
 byte offset) and the MLflow run id of each node. Several processes (Airflow
 tasks mapped over the grid) share one journal, so appends and uploads hold an
 exclusive file lock.
+
+A full disk: `<run_dir>/journal.reserve` holds `RESERVE_BYTES` set aside when the run starts.
+The first journal write that finds no space frees it and is retried, so that entry, and the
+ends of the runs that the failing pipeline records next, are kept for `ddlbench sync`; the
+write still raises `DiskFull`, so the run stops.
 """
 
 from __future__ import annotations
@@ -31,8 +36,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipelines.disk import DiskFull, is_full
+
 JOURNAL = "journal.jsonl"
 STATE = "journal.state.json"
+RESERVE = "journal.reserve"
+RESERVE_BYTES = 256 << 10  # the ends of a run's MLflow runs and the upload state, many times over
 _LOCK = "journal.lock"
 
 
@@ -62,11 +71,63 @@ class Journal:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def append(self, entry: dict[str, Any]) -> None:
-        line = json.dumps(entry, default=str) + "\n"
-        with self.locked(), open(self.path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        line = (json.dumps(entry, default=str) + "\n").encode()
+        with self.locked():
+            if not self.path.exists():  # a new run: set its reserve aside first
+                self.reserve()
+            self._full_retried(self.path, len(line), lambda: self._append(line))
+
+    def _append(self, line: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size  # the lock keeps other writers out
+            try:
+                view = memoryview(line)
+                while view:  # a full disk may take part of a write before it refuses the rest
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)  # no torn line for the next entry to be glued to
+                raise
+        finally:
+            os.close(fd)
+
+    def _full_retried(self, path: Path, needed: int, write: Any) -> None:
+        """`write()`; on a full disk, free the reserve and retry once, then raise DiskFull."""
+        try:
+            write()
+            return
+        except OSError as err:
+            if not is_full(err):
+                raise
+        full = DiskFull(path, needed)
+        if self.release_reserve():
+            write()  # kept; a second full disk raises the OSError itself
+        raise full
+
+    def reserve(self) -> None:
+        """Set RESERVE_BYTES aside for recording how the run ends on a full disk (none if full already)."""
+        path = self.run_dir / RESERVE
+        if path.exists():
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+    def release_reserve(self) -> bool:
+        """Free the reserve; whether there was one."""
+        path = self.run_dir / RESERVE
+        if not path.exists():
+            return False
+        path.unlink(missing_ok=True)
+        return True
 
     def entries(self, offset: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
         """(offset after the entry, entry) from `offset`; a torn last line (killed writer) is skipped."""
@@ -89,9 +150,18 @@ class Journal:
         return {"offset": 0, "runs": {}}
 
     def write_state(self, state: dict[str, Any]) -> None:
+        text = json.dumps(state, indent=1)
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(self.state_path)
+
+        def write() -> None:
+            try:
+                tmp.write_text(text)
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                raise
+            tmp.replace(self.state_path)
+
+        self._full_retried(self.state_path, len(text), write)
 
     def pending(self) -> int:
         """Entries not yet in MLflow."""

@@ -6,13 +6,18 @@ input fails before any process starts, with a message naming the option.
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
 
 from infra import Job, JobResult, Provider
 from infra.hostload import CpuProbe
+from pipelines.disk import disk_full, free_bytes
+from training import heartbeat
 from training.config import ConfigError, TrainConfig, build_config
+
+_NEARLY_FULL = 64 << 10  # free bytes below which a failed job's filesystem is taken to be full
 
 
 class OutputError(RuntimeError):
@@ -20,9 +25,12 @@ class OutputError(RuntimeError):
 
 
 class JobFailed(RuntimeError):
-    def __init__(self, result: JobResult) -> None:
-        super().__init__(result.describe_failure())
-        self.result = result
+    """A job that failed; `lead`, when known, is the first line: which rank stopped making
+    progress and which ranks timed out waiting for it (training/heartbeat.py)."""
+
+    def __init__(self, result: JobResult, lead: str | None = None) -> None:
+        super().__init__("\n".join(filter(None, [lead, result.describe_failure()])))
+        self.result, self.lead = result, lead
 
 
 def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -38,6 +46,13 @@ def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
     except ValueError as err:
         raise ConfigError(f"{source}.{err}") from None
     return cfg
+
+
+def _filled(out: Path, raised: dict[int, str]) -> bool:
+    """Whether a failed job failed for want of space: a rank said so, or (its failure text
+    unwritable too) the output's filesystem has next to nothing left."""
+    said = any("No space left on device" in cause or "Disk quota exceeded" in cause for cause in raised.values())
+    return said or free_bytes(out) < _NEARLY_FULL
 
 
 def _check_model_builds(cfg: TrainConfig) -> None:
@@ -59,6 +74,8 @@ def launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | N
     try:
         return _launch(cfg, out, provider, timeout_s, echo)
     except OSError as err:
+        if full := disk_full(err, out):
+            raise OutputError(f"{full}; what was written before is kept") from full
         raise OutputError(f"output directory {out}: {err.strerror} ({err.filename or 'a run file'}); "
                           "what was written before is kept") from None
 
@@ -79,6 +96,7 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
     stale = ["summary.json", "timeline.jsonl", "trace.json", DIVERGED, *(p.name for p in out.glob("failure-rank*"))]
     for name in stale:
         (out / name).unlink(missing_ok=True)
+    heartbeat.clear(out)
     job = Job(module="training.run", args=[str(out.resolve())], world_size=cfg.world_size, servers=cfg.servers,
               log_path=out / "launcher.log", timeout_s=timeout_s, max_restarts=cfg.max_restarts)
     placement = provider.place_job(job).as_dict()
@@ -92,8 +110,13 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
         summary_path.write_text(json.dumps(summary, indent=2))
         return summary
     if not result.ok or not summary_path.exists():
-        result.causes = [p.read_text().strip() for p in sorted(out.glob("failure-rank*.txt"))]
-        raise JobFailed(result)
+        raised = {int(p.stem.removeprefix("failure-rank")): p.read_text().strip()
+                  for p in out.glob("failure-rank*.txt")}
+        result.causes = [raised[r] for r in sorted(raised)]
+        if _filled(out, raised):  # a rank that could not write its outputs
+            raise OSError(errno.ENOSPC, "No space left on device", str(out))
+        stopped = heartbeat.stalled(heartbeat.read(out), cfg.timeout_s)
+        raise JobFailed(result, heartbeat.describe_stall(stopped, raised) if stopped else None)
     summary = json.loads(summary_path.read_text())
     summary["placement"] = placement  # where the ranks ran (DESIGN §4: every result carries it)
     env = summary.setdefault("environment", {})

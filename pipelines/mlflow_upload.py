@@ -8,6 +8,7 @@ any process, reopens its own run instead of making another.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,7 +25,18 @@ _BATCHED = ("params", "metrics", "tags")
 # MLflow's log_batch limits: entities per call, and params and tags among them.
 _BATCH_MAX, _PARAMS_MAX, _TAGS_MAX = 1000, 100, 100
 
+# MLflow's loggers that print a store's failure (a full disk, a locked database) with its
+# traceback, again on every call: the tracker says once that MLflow is unavailable.
+_STORE_LOGGERS = ("mlflow.store.db.utils", "mlflow.system_metrics.system_metrics_monitor")
+
 Group = list[tuple[int, dict[str, Any]]]  # (journal offset after the entry, entry)
+
+
+def _one_line(record: logging.LogRecord) -> bool:
+    """Keep a store logger's record to its first line, without the traceback."""
+    record.msg, record.args = record.getMessage().splitlines()[0] if record.getMessage() else "", ()
+    record.exc_info, record.exc_text = None, None
+    return True
 
 
 def groups(entries: Iterable[tuple[int, dict[str, Any]]]) -> Iterator[Group]:
@@ -75,6 +87,8 @@ class Uploader:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
             from mlflow import MlflowClient
 
+            for name in _STORE_LOGGERS:
+                logging.getLogger(name).addFilter(_one_line)
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
 

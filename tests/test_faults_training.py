@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -103,19 +104,37 @@ def test_killed_shard_fails_the_job_naming_it(tmp_path):
     assert no_ranks_left(out)
 
 
-def test_straggler_past_the_timeout_ends_the_job(tmp_path):
-    """A stopped worker: its peers' waits time out and name what they were doing."""
+@pytest.mark.parametrize(("options", "stop", "role"), [
+    ({"algorithm": "ssgd", "overlap": False}, 1, "worker"),
+    ({"algorithm": "odsgd", "servers": 1}, 2, "server"),
+    ({"algorithm": "odsgd", "servers": 1}, 1, "worker"),
+], ids=["ssgd-worker", "odsgd-shard", "odsgd-worker"])
+def test_a_stopped_rank_is_named_by_role_in_the_first_line(tmp_path, options, stop, role):
+    """A stopped rank (SIGSTOP): its peers' waits time out, and the error's first line names
+    the rank that stopped (its heartbeat ended), by role and step, and who waited for it;
+    gloo's source path stays out of it."""
     out = tmp_path.resolve()
-    timeout = 8
+    timeout = 8  # every wait's but the ranks' wait for each other's set-up
     cfg = prepare({"model": "lenet5", "dataset": "digits", "workers": 2, "batch_size": 16,
-                   "steps": 100_000, "timeout_s": timeout, "overlap": False})
+                   "steps": 100_000, "timeout_s": timeout, **options})
     stopped: list[float] = []
-    inject(out, 1, signal.SIGSTOP, 3, stopped)
+    inject(out, stop, signal.SIGSTOP, 3, stopped)
     with pytest.raises(JobFailed) as err:
         launch(cfg, out, LocalProvider(), timeout_s=240, echo=False)
+    assert stopped, f"the job failed before the fault was injected: {err.value}"
     detected = time.monotonic() - stopped[0]
     assert detected < timeout + 20, detected
-    assert "rank 0 (worker) failed during comm_exposed of step" in str(err.value)
+    first, *rest = str(err.value).splitlines()
+    print(first)
+    match = re.fullmatch(rf"rank {stop} \({role}\) stopped answering at step (\d+)"
+                         r"; ranks? ([\d, ]+) timed out waiting for it(?:; ranks? [\d, ]+ failed in turn)?", first)
+    assert match, first
+    waiters = [int(r) for r in match.group(2).split(", ")]
+    assert stop not in waiters and set(waiters) <= {0, 1, 2}, first
+    assert "gloo" not in first and ".cc:" not in first
+    # The step named is where the stopped rank was: its peers waited on that step or the next.
+    failed_at = [int(m) for m in re.findall(r"failed during \w+ of step (\d+)", "\n".join(rest))]
+    assert failed_at and all(abs(s - int(match.group(1))) <= 1 for s in failed_at), (first, rest)
     assert no_ranks_left(out)
 
 
@@ -155,7 +174,8 @@ def test_full_output_disk_fails_cleanly_and_keeps_what_was_written(tmp_path):
         result = CliRunner().invoke(cli, ["train", "--out", str(out), "--model", "mlp", "--dataset", "synthetic",
                                           "--workers", "1", "--steps", "20", "--checkpoint-every", "4", "--quiet"])
         assert result.exit_code == 1, result.output
-        assert f"output directory {out}: No space left on device" in result.output
+        assert re.search(rf"failed: no space left on device: {re.escape(str(out))}\S* \([^)]*left on its "
+                         r"filesystem\); what was written before is kept", result.output), result.output
         rows = read_jsonl(out / "metrics.jsonl")
         assert [r["step"] for r in rows] == [1, 2, 3, 4]
         assert not any(out.glob("checkpoints/step-*/COMPLETE"))  # no half-written checkpoint is trusted

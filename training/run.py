@@ -15,6 +15,7 @@ if __name__ == "__main__":  # a rank: end with its torchrun agent, set before th
 
 import json
 import os
+import re
 import sys
 import time
 from datetime import timedelta
@@ -29,6 +30,7 @@ from torch.distributed.rendezvous import rendezvous
 from training import canary as host_canary
 from training.checkpoint import CheckpointStore
 from training.config import Algorithm, Comm, TrainConfig
+from training.heartbeat import Heartbeat
 from training.ps import ServerConfig, ShardLayout, ShardServer
 from training.summary import environment, language_model_figures, staleness_figures, timing_figures
 from training.timeline import Timeline, to_chrome_trace, write_jsonl
@@ -36,9 +38,10 @@ from training.trainer import Diverged, Trainer, resolve_steps
 
 DIVERGED = "diverged.json"  # written by the rank that saw a NaN/inf loss
 EXIT_DIVERGED = 3  # a rank's exit status, and `ddlbench train`'s, for a loss that became NaN/inf
+STARTUP_TIMEOUT_S = 300.0  # the longest the ranks wait for each other's set-up
 
 
-def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, torch.device]:
+def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, Any, torch.device]:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
@@ -59,7 +62,8 @@ def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, torch.device]:
     # Point-to-point (PS traffic) and control messages always go over gloo.
     ctrl = dist.new_group(backend="gloo", timeout=timeout) if cfg.device.value == "cuda" else dist.group.WORLD
     workers_group = dist.new_group(ranks=list(range(cfg.workers)), timeout=timeout)
-    return rank, ctrl, workers_group, device
+    startup = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(cfg.timeout_s, STARTUP_TIMEOUT_S)))
+    return rank, ctrl, workers_group, startup, device
 
 
 def _barrier(group) -> None:
@@ -81,16 +85,19 @@ def run(out: Path) -> int:
     cfg = TrainConfig.model_validate_json((out / "config.json").read_text())
     if (out / DIVERGED).exists():  # a torchrun restart of a diverged job: diverged again
         return EXIT_DIVERGED
-    rank, ctrl, workers_group, device = _setup(cfg)
+    rank, ctrl, workers_group, startup, device = _setup(cfg)
     is_worker = rank < cfg.workers
     role = "worker" if is_worker else "server"
     tl = Timeline(rank, role, time.monotonic())
     store = CheckpointStore(out, cfg)
     trainer = server = None
+    heartbeat = Heartbeat(out, rank, role, tl).start()  # names this rank if it stops (pipelines/launch.py)
     try:
         if is_worker:
             trainer = Trainer(cfg, rank, tl, device, workers_group, ctrl, out)
-        steps, numel = _job_shape(cfg, rank, trainer, ctrl)
+        # Set-up (model, data, a shard's buffers, a checkpoint's load) takes seconds more on a busy
+        # host, and unevenly: its waits are on the start-up group, with a start-up allowance.
+        steps, numel = _job_shape(cfg, rank, trainer, startup)
         if not is_worker:
             is_async = cfg.algorithm == Algorithm.asgd
             sc = ServerConfig(
@@ -101,7 +108,7 @@ def run(out: Path) -> int:
                 weight_decay=cfg.weight_decay, timeout_s=cfg.timeout_s,
             )
             server = ShardServer(sc, ShardLayout.even(numel, cfg.servers), ctrl, tl)
-        done = _agree(store.latest() if rank == 0 else 0, ctrl)
+        done = _agree(store.latest() if rank == 0 else 0, startup)
         clock = 0.0
         if done:
             state = store.load(done, rank)
@@ -112,9 +119,9 @@ def run(out: Path) -> int:
                 tl.records, clock = list(state["records"]), state["clock"]
             print(f"rank {rank}: resumed from the checkpoint after step {done}", flush=True)
         canary = host_canary.Canary(device, rank)
-        _barrier(ctrl)  # every rank times the canary at once, as they will train
+        _barrier(startup)  # every rank times the canary at once, as they will train
         canary.run("before")
-        _barrier(ctrl)
+        _barrier(startup)
         tl.epoch = time.monotonic() - clock  # the common clock, continued across a resume
 
         def on_step(t: int) -> None:
@@ -152,12 +159,18 @@ def run(out: Path) -> int:
     except Exception as err:
         what = f"rank {rank} ({role}) failed during {tl.current}: {type(err).__name__}: {err}"
         print(what, file=sys.stderr, flush=True)
-        (out / f"failure-rank{rank}.txt").write_text(what + "\n")
+        # The launcher's message: without gloo's source location ("[.../unbound_buffer.cc:81] ").
+        (out / f"failure-rank{rank}.txt").write_text(_SOURCE_LOCATION.sub("", what) + "\n")
         raise
+    finally:
+        heartbeat.stop()
     if rank == 0:
         _write_outputs(cfg, out, steps, gathered)
     dist.destroy_process_group()
     return 0
+
+
+_SOURCE_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*")
 
 
 def _agree(value: int, group) -> int:

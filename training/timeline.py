@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,15 @@ class Timeline:
         self.records: list[dict[str, Any]] = []
         self._current: dict[str, Any] | None = None
         self.current = "start-up"  # what the rank is doing, for failure messages
+        self.on_begin: Callable[[int], None] | None = None  # the rank's heartbeat (training/heartbeat.py)
+
+    @property
+    def step(self) -> int | None:
+        """The step in progress, else the last one finished (None before the first)."""
+        current, records = self._current, self.records  # read from a heartbeat thread: one look each
+        if current is not None:
+            return current["step"]
+        return records[-1]["step"] if records else None
 
     def now(self) -> float:
         return time.monotonic() - self.epoch
@@ -40,6 +49,8 @@ class Timeline:
     def begin(self, step: int) -> None:
         self._current = {"rank": self.rank, "role": self.role, "step": step, "start": self.now(), "phases": {}}
         self.current = f"step {step}"
+        if self.on_begin is not None:
+            self.on_begin(step)
 
     def mark(self, phase: str, start: float, end: float) -> None:
         assert self._current is not None, "mark() outside an iteration"

@@ -180,6 +180,7 @@ def teardown(ctx: RunContext) -> dict:
 def finish(ctx: RunContext, failed: bool = False) -> dict:
     """Close the parent run FINISHED or FAILED; child runs still open are orphans: FAILED."""
     t = tracker(ctx)
+    t.journal.release_reserve()  # its space is for these last records (pipelines/journal.py)
     status = "FAILED" if failed else "FINISHED"
     with t.batch():
         orphans = t.end_orphans(everyone=True, keep=(PARENT,))
