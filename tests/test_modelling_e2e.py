@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from infra.hostload import QUIET
 from infra.local import LocalProvider
 from modelling.fit import fit_comm
 from modelling.layers import load_layers, write_layers
@@ -13,6 +14,13 @@ from modelling.microbench import run_microbench
 from modelling.profiler import profile_layers
 from modelling.validate import ValidationInputError, validate_runs
 from pipelines.launch import launch, prepare
+
+# The model's own error on one host, fed with the run's in-situ compute: what is left is the
+# communication model and the DAG's overlap and straggler terms. The bar is 5%; the
+# test allows 10%, twice it, for a CI host whose other jobs share the 2 cores during the
+# microbenchmark and not during the run (or the other way): a lost term (the update, the
+# allreduce, the straggler wait) or a wrong unit moves the prediction by far more.
+MODEL_TOLERANCE = 0.10
 
 
 def test_microbench_refuses_bad_input_before_launching(tmp_path) -> None:
@@ -71,8 +79,19 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
     assert r["measured_iter_s"] == summary["iter_time_s"]["p50"]
     assert r["algorithm"] == "ssgd" and r["comm"] == "allreduce" and r["workers"] == 2
     assert r["placement"] == "one host" and result["configs"][0]["placement"] == "one host"
-    # Loose on purpose: in CI other jobs share these 2 cores and one CI run measured 0.42
-    # (8 steps then); the benchmark reports the real figure. Still catches a wrong unit
-    # or a lost term.
-    assert 1 / 3 < r["predicted_iter_s"] / r["measured_iter_s"] < 3.0
+    # The end-to-end error carries the drift between the profile and the run (other work on the
+    # host moves a separate profile by tens of percent); the model's error, the DAG fed with the
+    # run's own in-situ layer compute, does not, and is what this test holds the model to.
+    assert r["model_error"] is not None and r["repeat_spread"] == 0.0
+    insitu = load_layers(run / "layers_insitu.json")
+    assert [x["name"] for x in insitu["layers"]] == [x["name"] for x in layers["layers"]]
     assert result["median_abs_error"] == abs(r["error"])
+    assert result["median_abs_model_error"] == abs(r["model_error"])
+    share = summary["environment"]["host_other_cpu_share"]
+    if share > QUIET:
+        # Other work took the CPU the two ranks need to meet in each allreduce: the iteration
+        # then measures the host's scheduling, which no model of this job predicts.
+        pytest.skip(f"the host was loaded during the run (other work used {share:.0%} of its CPU, over the "
+                    f"{QUIET:.0%} of a quiet host): model error {r['model_error']:+.1%} not held to "
+                    f"{MODEL_TOLERANCE:.0%}")
+    assert abs(r["model_error"]) <= MODEL_TOLERANCE, r
