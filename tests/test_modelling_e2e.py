@@ -95,3 +95,64 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
                     f"{QUIET:.0%} of a quiet host): model error {r['model_error']:+.1%} not held to "
                     f"{MODEL_TOLERANCE:.0%}")
     assert abs(r["model_error"]) <= MODEL_TOLERANCE, r
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_reduced_validation_spec_end_to_end_through_ddlbench_run(tmp_path) -> None:
+    """specs/validation/onehost-lenet5.yaml, reduced (2 algorithms, 2 repeats, 2 pooled rounds),
+    through the command a user types: both errors per configuration, the repeat spread, the
+    intervals and their summary keys in validation.json, report.json and MLflow."""
+    import os
+    import statistics
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    repo = Path(__file__).resolve().parent.parent
+    sets = ["steps=30", "repeats=2", "algorithms=[{name: ssgd, comm: allreduce}, {name: odsgd, comm: ps}]",
+            "profile.pooled=2", "profile.repeats=5", "microbench.pooled=2", "microbench.repeats=3"]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ddlbench"), "run", str(repo / "specs/validation/onehost-lenet5.yaml"),
+         "--home", str(tmp_path), "--run-key", "val", *(a for s in sets for a in ("--set", s))],
+        cwd=repo, env=env | {"COLUMNS": "200"}, capture_output=True, text=True, timeout=1400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "val"
+    val = json.loads((run_dir / "validate" / "validation.json").read_text())
+    assert len(val["configs"]) == 2 and len(val["runs"]) == 4
+    for c in val["configs"]:
+        mine = [r for r in val["runs"] if r["run"] in c["runs"]]
+        measured = [r["measured_iter_s"] for r in mine]
+        assert c["repeats"] == 2 and c["repeat_spread"] == max(measured) / min(measured) - 1
+        assert all(r["repeat_spread"] == c["repeat_spread"] for r in mine)
+        assert c["model_error"] == (c["model_predicted_iter_s"] - c["measured_iter_s"]) / c["measured_iter_s"]
+        assert c["model_predicted_iter_s"] == statistics.median(r["model_predicted_iter_s"] for r in mine)
+        assert c["predicted_p10_s"] <= c["predicted_p90_s"]
+    assert val["interval_inputs"] == {"profile_rounds": 2, "microbench_rounds": 2}
+    assert len(list((run_dir / "profile").glob("*/r*/layers.json"))) == 2
+    assert len(list((run_dir / "microbench").glob("w2/r*/comm.json"))) == 2
+    # every prediction, the what-if sizes too, with its interval around it
+    assert val["predictions"] and all(
+        p["iter_time_p10_s"] <= p["iter_time_p90_s"] for p in val["predictions"])
+    report = json.loads((run_dir / "report" / "report.json").read_text())["validation"]
+    model_errors = [abs(c["model_error"]) for c in val["configs"]]
+    assert report["median_abs_model_error"] == statistics.median(model_errors)
+    assert report["worst_abs_model_error"] == max(model_errors)
+    assert report["median_abs_error"] == statistics.median(abs(c["error"]) for c in val["configs"])
+    assert "model error" in (run_dir / "report" / "report.md").read_text()
+    assert "end to end" in proc.stdout and "model" in proc.stdout
+    # the MLflow validate run carries both errors per configuration as metrics
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ddlbench-adhoc")
+    [validate] = client.search_runs([exp.experiment_id], "tags.`ddlbench.node` = 'validate'")
+    metrics = validate.data.metrics
+    for c in val["configs"]:
+        label = f"lenet5-{c['algorithm']}-{c['comm']}-w2-b32"
+        assert metrics[f"{label}.error"] == pytest.approx(c["error"])
+        assert metrics[f"{label}.model_error"] == pytest.approx(c["model_error"])
+        assert metrics[f"{label}.repeat_spread"] == pytest.approx(c["repeat_spread"])
+    assert metrics["median_abs_model_error"] == pytest.approx(report["median_abs_model_error"])

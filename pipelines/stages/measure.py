@@ -57,7 +57,7 @@ def plan_sizes(param_bytes: int, spec: BenchSpec) -> dict[str, Any]:
     parameter bytes, the largest dropped (down to 3 sizes) until the rounds' estimated wire time
     (each primitive moving 2 N x the size per operation) fits `budget_s`."""
     mb = spec.microbench
-    top = max(param_bytes * mb.max_size_factor, 4 * SMALLEST)
+    top = max(param_bytes * mb.max_size_factor, 16 * SMALLEST)  # 3 sizes at least: a line and a check
     sizes = [SMALLEST]
     while sizes[-1] < top:
         sizes.append(sizes[-1] * 4)
