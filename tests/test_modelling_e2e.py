@@ -156,3 +156,21 @@ def test_a_reduced_validation_spec_end_to_end_through_ddlbench_run(tmp_path) -> 
         assert metrics[f"{label}.model_error"] == pytest.approx(c["model_error"])
         assert metrics[f"{label}.repeat_spread"] == pytest.approx(c["repeat_spread"])
     assert metrics["median_abs_model_error"] == pytest.approx(report["median_abs_model_error"])
+
+
+def test_the_insitu_table_replaces_the_profiles_compute_and_nothing_else() -> None:
+    from modelling.layers import LayersError
+    from modelling.validate import insitu_layers
+
+    def table(fwd: float, names=("conv", "fc"), **extra) -> dict:
+        rows = [{"name": n, "type": "Linear", "fwd_s": fwd, "bwd_s": 2 * fwd, "param_bytes": 64} for n in names]
+        return {"model": "m", "batch_size": 32, "layers": rows, "update_s": 0.5, "data_s": 0.1, **extra}
+
+    profile = table(1.0, pack_s=0.3, iteration_samples_s=[4.0, 5.0])
+    own = insitu_layers(profile, table(2.0, update_s=9.0, data_s=0.2, iteration_samples_s=[6.0]))
+    assert [(r["fwd_s"], r["bwd_s"]) for r in own["layers"]] == [(2.0, 4.0), (2.0, 4.0)]
+    assert (own["data_s"], own["iteration_samples_s"]) == (0.2, [6.0])
+    # what training does not time per layer stays the profile's
+    assert (own["update_s"], own["pack_s"]) == (0.5, 0.3)
+    with pytest.raises(LayersError, match="layers_insitu.json: its layers"):
+        insitu_layers(profile, table(2.0, names=("conv", "other")))
