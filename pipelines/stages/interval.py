@@ -3,7 +3,10 @@ inputs (each round's layer profile with each round's microbenchmark, fitted on i
 
 The pooled inputs the point prediction uses are medians over the rounds; how far the rounds'
 own predictions lie apart is how much the same measurements, taken at another moment of the
-host, would move the prediction. A single round of each gives a point: no interval.
+host, would move the prediction. A single round of each gives a point: no interval. The
+interval is widened to hold the pooled prediction itself: that need not lie between the rounds'
+own (the straggler term and the fit are not linear in their inputs), and an interval that leaves
+out the figure it brackets would mislead.
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ def p10_p90(values: list[float]) -> tuple[float | None, float | None]:
     return float(lo), float(hi)
 
 
+def around(values: list[float], point: float) -> tuple[float | None, float | None]:
+    """p10-p90 of the rounds' predictions, widened to hold the pooled one."""
+    lo, hi = p10_p90(values)
+    return (None, None) if lo is None or hi is None else (min(lo, point), max(hi, point))
+
+
 def _pairs(tables: list[dict[str, Any]], models: list[dict[str, Any]]) -> list[tuple[dict, dict]]:
     return list(itertools.product(tables, models))
 
@@ -83,7 +92,7 @@ def validation_intervals(ctx: RunContext, result: dict[str, Any]) -> None:
                 values.append(predict(table, model, scenario)[0]["iter_time_s"])
             except CommModelError:
                 continue
-        by_run[r["run"]] = p10_p90(values)
+        by_run[r["run"]] = around(values, r["predicted_iter_s"])
         r["predicted_p10_s"], r["predicted_p90_s"] = by_run[r["run"]]
     for c in result["configs"]:
         lows = [by_run[r][0] for r in c["runs"] if by_run.get(r, (None,))[0] is not None]
@@ -115,6 +124,6 @@ def prediction_intervals(ctx: RunContext) -> list[dict[str, Any]]:
     out = []
     for n, row in enumerate(rows):
         values = [r[n]["iter_time_s"] for r in redone if len(r) == len(rows)]
-        lo, hi = p10_p90(values)
+        lo, hi = around(values, row["iter_time_s"])
         out.append({**row, "iter_time_p10_s": lo, "iter_time_p90_s": hi})
     return out
