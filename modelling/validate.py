@@ -3,6 +3,13 @@
 Each run directory's summary.json names its configuration; the prediction uses
 the layer table and comm model given, or else layers.json / model.json found
 in the run directory or beside it (its parent).
+
+Two errors per run and configuration: `error`, end to end (the DAG fed with the profile,
+as for a configuration not run), and `model_error`, the DAG fed with the run's own
+per-layer compute measured in situ (layers_insitu.json, training/layer_timing.py), which
+leaves what the model itself gets wrong. Beside them `repeat_spread`, max/min - 1 of the
+configuration's repeats' measured iteration: the noise floor under which an error means
+nothing.
 """
 
 from __future__ import annotations
@@ -13,13 +20,49 @@ from typing import Any
 
 from modelling.files import read_json
 from modelling.fit import fit_comm, load_comm, load_comm_model
-from modelling.layers import load_layers
+from modelling.layers import LayersError, check_layers, load_layers
 from modelling.predict import predict
 from modelling.scenario import Scenario
 
 
 class ValidationInputError(ValueError):
     """A run directory, layer table or comm model is missing or does not match."""
+
+
+INSITU_FILE = "layers_insitu.json"  # training.layer_timing.INSITU_FILE, without importing torch
+
+
+def insitu_layers(profile: dict[str, Any], insitu: dict[str, Any]) -> dict[str, Any]:
+    """The profile's table with the run's own compute: each layer's forward and backward, the
+    batch load and the whole-iteration jitter measured in situ. What training does not time
+    per layer (the optimizer step, packing, the shards' work) stays the profile's."""
+    by_name = {r["name"]: r for r in insitu["layers"]}
+    if set(by_name) != {r["name"] for r in profile["layers"]}:
+        raise LayersError(
+            f"{INSITU_FILE}: its layers ({', '.join(by_name)}) are not the profile's "
+            f"({', '.join(r['name'] for r in profile['layers'])})"
+        )
+    scale = profile["batch_size"] / insitu["batch_size"]  # the profile's batch, as the scenario scales it
+    table = {
+        **profile,
+        "layers": [r | {"fwd_s": by_name[r["name"]]["fwd_s"] * scale, "bwd_s": by_name[r["name"]]["bwd_s"] * scale}
+                   for r in profile["layers"]],
+        "data_s": insitu["data_s"] * scale,
+        "source": "in situ",
+    }
+    if insitu.get("iteration_samples_s"):
+        table["iteration_samples_s"] = [x * scale for x in insitu["iteration_samples_s"]]
+    return table
+
+
+def _insitu(run: Path, profile: dict[str, Any]) -> dict[str, Any] | None:
+    path = run / INSITU_FILE
+    if not path.is_file():
+        return None
+    try:
+        return insitu_layers(profile, check_layers(read_json(path, INSITU_FILE, LayersError), str(path)))
+    except LayersError as err:
+        raise ValidationInputError(str(err)) from None
 
 
 def _find(run: Path, name: str) -> Path | None:
@@ -66,7 +109,10 @@ def validate_run(
             f"{run}: the run trained {summary['model']} but the layer table profiles {layers['model']}"
         )
     comm_model = comm_model if comm_model is not None else _comm_model_for(run)
-    [pred] = predict(layers, comm_model, Scenario.from_summary(summary))
+    scenario = Scenario.from_summary(summary)
+    [pred] = predict(layers, comm_model, scenario)
+    own = _insitu(run, layers)
+    [pred_own] = predict(own, comm_model, scenario) if own else [None]
     # The median iteration time, as every measured figure (DESIGN §4); the mean, which
     # throughput pays and which one slow iteration moves, is reported beside it. ASGD has no
     # barrier: its workers keep their own paces (beside a colocated shard, one may step twice
@@ -89,6 +135,8 @@ def validate_run(
         "measured_iter_s": measured,
         "measured_statistic": statistic,
         "error": (pred["iter_time_s"] - measured) / measured,
+        "model_predicted_iter_s": pred_own["iter_time_s"] if pred_own else None,
+        "model_error": (pred_own["iter_time_s"] - measured) / measured if pred_own else None,
         "measured_iter_mean_s": mean,
         "error_vs_mean": (pred["iter_time_s"] - mean) / mean,
         "predicted_compute_s": pred["compute_s"],
@@ -111,12 +159,20 @@ def validate_runs(
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """validate_run rows (from one call or several) with their configurations and errors."""
     configs = group_repeats(runs)
+    spread = {r: c["repeat_spread"] for c in configs for r in c["runs"]}
+    runs = [r | {"repeat_spread": spread[r["run"]]} for r in runs]
     errors = [abs(c["error"]) for c in configs]
+    model = [abs(c["model_error"]) for c in configs if c["model_error"] is not None]
     return {
         "runs": runs,
         "configs": configs,
         "median_abs_error": statistics.median(errors) if errors else None,
         "worst_abs_error": max(errors) if errors else None,
+        # Over the configurations whose runs timed their layers in situ.
+        "median_abs_model_error": statistics.median(model) if model else None,
+        "worst_abs_model_error": max(model) if model else None,
+        "median_repeat_spread": statistics.median(c["repeat_spread"] for c in configs) if configs else None,
+        "worst_repeat_spread": max(c["repeat_spread"] for c in configs) if configs else None,
     }
 
 
@@ -141,6 +197,11 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for key, rs in groups.items():
         predicted = statistics.median(r["predicted_iter_s"] for r in rs)
         measured = statistics.median(r["measured_iter_s"] for r in rs)
+        own = [r["model_predicted_iter_s"] for r in rs if r.get("model_predicted_iter_s") is not None]
+        # Every repeat's in-situ prediction or none: a model error from part of the repeats
+        # would compare against the median of all of them.
+        model = statistics.median(own) if len(own) == len(rs) else None
+        times = [r["measured_iter_s"] for r in rs]
         out.append(
             {
                 **dict(zip(CONFIG_KEYS, key, strict=True)),
@@ -149,6 +210,9 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "predicted_iter_s": predicted,
                 "measured_iter_s": measured,
                 "error": (predicted - measured) / measured,
+                "model_predicted_iter_s": model,
+                "model_error": (model - measured) / measured if model is not None else None,
+                "repeat_spread": max(times) / min(times) - 1,
             }
         )
     return out

@@ -205,7 +205,7 @@ def validate(
         click.echo(json.dumps(result, indent=2))
         return
     print_rows(
-        ["run", "algorithm", "comm", "N", "S", "model", "predicted ms", "measured ms", "error"],
+        ["run", "algorithm", "comm", "N", "S", "model", "predicted ms", "measured ms", "error", "model error"],
         [
             [
                 r["run"],
@@ -217,6 +217,7 @@ def validate(
                 f"{r['predicted_iter_s'] * 1e3:.2f}",
                 f"{r['measured_iter_s'] * 1e3:.2f}",
                 f"{r['error']:+.1%}",
+                "-" if r["model_error"] is None else f"{r['model_error']:+.1%}",
             ]
             for r in result["runs"]
         ],
@@ -246,6 +247,12 @@ def validate(
         f"median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%} "
         f"over {len(result['configs'])} configurations"
     )
+    if result["median_abs_model_error"] is not None:
+        # The DAG fed with the runs' own in-situ layer compute (layers_insitu.json): the model's own error.
+        click.echo(
+            f"model (in-situ compute): median |error| {result['median_abs_model_error']:.1%}, "
+            f"worst {result['worst_abs_model_error']:.1%}; repeat spread median {result['median_repeat_spread']:.1%}"
+        )
 
 
 COMMANDS: list[click.Command] = [profile, microbench, fit, predict_cmd, validate]

@@ -176,9 +176,9 @@ def _print_run_summary(
         )
     console.print(t)
     if validation.get("median_abs_error") is not None:
-        console.print(
-            f"prediction error: median {validation['median_abs_error']:.1%}, worst {validation['worst_abs_error']:.1%}"
-        )
+        from pipelines.report_console import validation_table
+
+        console.print(validation_table(json.loads(Path(validation["validation"]).read_text())))
     report_json = Path(result["report_md"]).with_name("report.json") if result.get("report_md") else None
     if report_json is not None and report_json.exists():
         from pipelines.report_console import comparison_table

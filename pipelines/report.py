@@ -31,6 +31,7 @@ from pipelines.report_tables import (
     describe_load,
     host_load,
     language_model_lines,
+    validation_markdown,
 )
 
 __all__ = [
@@ -52,6 +53,16 @@ __all__ = [
 ]
 
 
+VALIDATION_KEYS = (
+    "median_abs_error",
+    "worst_abs_error",
+    "median_abs_model_error",
+    "worst_abs_model_error",
+    "median_repeat_spread",
+    "worst_repeat_spread",
+)
+
+
 def write_report(
     out: Path,
     ctx: dict[str, Any],
@@ -71,7 +82,7 @@ def write_report(
         "hardware": ctx["hardware"],
         "comparison": table,
         "best": best,
-        "validation": {k: (validation or {}).get(k) for k in ("median_abs_error", "worst_abs_error")},
+        "validation": {k: (validation or {}).get(k) for k in VALIDATION_KEYS},
         "baseline_run_key": (check["history_run_keys"] or [None])[0],
         "regressions": check["regressions"],
         "regression": check,
@@ -133,21 +144,7 @@ def write_report(
         f"| {r['config']} | " + " | ".join(fmt((r["breakdown_s"][p] or 0) * 1e3, 3) for p in PHASES) + " |"
         for r in table
     ]
-    md += ["", "## Predicted vs measured", ""]
-    if validation and validation.get("runs"):
-        md += ["| run | predicted iter ms | measured iter ms | error |", "|---|---|---|---|"]
-        md += [
-            f"| {r['run']} | {fmt((r.get('predicted_iter_s') or 0) * 1e3)} | "
-            f"{fmt((r.get('measured_iter_s') or 0) * 1e3)} | {fmt(r.get('error'), 3)} |"
-            for r in validation["runs"]
-        ]
-        md += [
-            "",
-            f"Median absolute error {fmt(validation['median_abs_error'], 3)}, "
-            f"worst {fmt(validation['worst_abs_error'], 3)}.",
-        ]
-    else:
-        md.append("No validation (profile, microbench or training skipped or failed).")
+    md += ["", "## Predicted vs measured", "", *validation_markdown(validation)]
     md += ["", *regression_markdown(check, spec.regression)]
     if load and load["loaded"] and check["checks"]:
         md += ["", f"Caution: this run was measured on a loaded host (other work used up to {load['max']:.0%} of its "

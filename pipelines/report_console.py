@@ -146,3 +146,35 @@ def print_summary(summary: dict[str, Any], out: Path | None = None) -> None:
     console.print(t)
     if out is not None:
         console.print(f"outputs in {out}")
+
+
+def validation_table(validation: dict[str, Any]) -> Table:
+    """The validate stage's figures for the terminal: per configuration the end-to-end error, the
+    model's error (in-situ compute) and the repeats' spread, with their median and worst."""
+    t = Table(title="Predicted vs measured iteration (ms): end to end (the profile) and model (in-situ compute)",
+              box=box.SIMPLE_HEAD)
+    t.add_column("config", no_wrap=True)
+    for col in ("n", "predicted", "p10-p90", "measured", "end to end", "model", "spread"):
+        t.add_column(col, justify="right", no_wrap=True)
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v:+.1%}"
+
+    def ms(v: Any) -> str:
+        return "-" if v is None else f"{v * 1e3:.2f}"
+
+    for c in validation.get("configs") or []:
+        lo, hi = c.get("predicted_p10_s"), c.get("predicted_p90_s")
+        t.add_row(f"{c['model']}-{c['algorithm']}-{c['comm']}-w{c['workers']}", str(c["repeats"]),
+                  ms(c["predicted_iter_s"]), "-" if lo is None else f"{ms(lo)}-{ms(hi)}", ms(c["measured_iter_s"]),
+                  pct(c["error"]), pct(c.get("model_error")), pct(c.get("repeat_spread")))
+
+    def ab(k: str) -> str:
+        v = validation.get(k)
+        return "-" if v is None else f"{v:.1%}"
+
+    t.caption = ("spread: max/min - 1 of the repeats' measured iteration. "
+                 f"|end to end| median {ab('median_abs_error')}, worst {ab('worst_abs_error')}; |model| median "
+                 f"{ab('median_abs_model_error')}, worst {ab('worst_abs_model_error')}; repeat spread median "
+                 f"{ab('median_repeat_spread')}, worst {ab('worst_repeat_spread')}")
+    return t

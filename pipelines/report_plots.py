@@ -156,15 +156,24 @@ def _plot_breakdown(table: list[dict[str, Any]]) -> Any:
 
 
 def plot_predicted_vs_measured(runs: list[dict[str, Any]]) -> Any:
-    """Scatter of predicted against measured iteration time, each point labelled with its error."""
+    """Predicted against measured iteration time, each run with its prediction's p10-p90 as an
+    error bar and labelled with its end-to-end and model errors; the in-situ (model) prediction
+    beside it as a hollow marker."""
     fig, ax = plt.subplots(figsize=(5.5, 5))
     pts = [r for r in runs if r.get("predicted_iter_s") is not None and r.get("measured_iter_s") is not None]
     xs = [r["measured_iter_s"] * 1e3 for r in pts]
     ys = [r["predicted_iter_s"] * 1e3 for r in pts]
-    ax.scatter(xs, ys)
+    lo = [max(y - (r.get("predicted_p10_s") or r["predicted_iter_s"]) * 1e3, 0.0) for r, y in zip(pts, ys, strict=True)]
+    hi = [max((r.get("predicted_p90_s") or r["predicted_iter_s"]) * 1e3 - y, 0.0) for r, y in zip(pts, ys, strict=True)]
+    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label="end to end (profile), p10-p90")
+    own = [(x, r["model_predicted_iter_s"] * 1e3)
+           for r, x in zip(pts, xs, strict=True) if r.get("model_predicted_iter_s")]
+    if own:
+        ax.scatter(*zip(*own, strict=True), facecolors="none", edgecolors="C1", label="model (in-situ compute)")
     for r, x, y in zip(pts, xs, ys, strict=True):
-        ax.annotate(f"{r['run']} ({r['error']:+.0%})", (x, y), fontsize=6)
-    top = max(xs + ys + [1e-3]) * 1.1
+        model = f", model {r['model_error']:+.0%}" if r.get("model_error") is not None else ""
+        ax.annotate(f"{r['run']} ({r['error']:+.0%}{model})", (x, y), fontsize=6)
+    top = max(xs + [y + h for y, h in zip(ys, hi, strict=True)] + [y for _, y in own] + [1e-3]) * 1.1
     ax.plot([0, top], [0, top], ls="--", color="gray", label="predicted = measured")
     ax.set(
         xlabel="measured iteration (ms)",

@@ -188,12 +188,13 @@ def grid(spec: BenchSpec) -> list[dict[str, Any]]:
             enumerate(spec.workloads), enumerate(spec.algorithms), spec.workers, spec.batch_sizes
         )
     ]
+    grid_size = len(jobs)
     if wants_scaling_baseline(spec):
         ai, algo = _baseline_algorithm(spec)
         jobs += [
             (wi, wl, ai, algo, 1, batch) for (wi, wl), batch in product(enumerate(spec.workloads), spec.batch_sizes)
         ]
-    entries = []
+    entries, configs = [], []
     for wi, wl, ai, algo, workers, batch in jobs:
         variant = seen.setdefault(algo.label, ai)
         values: dict[str, Any] = {
@@ -218,9 +219,14 @@ def grid(spec: BenchSpec) -> list[dict[str, Any]]:
         except ValidationError as err:
             where = f"{source} (workloads[{wi}], workers={workers}, batch={batch})"
             raise SpecError(format_spec_error(err, where)) from None
-        for repeat in range(spec.repeats):
-            key = config_key(wl, algo, workers, batch, repeat, variant=ai - variant or None)
-            entries.append({"key": key, "config": {**cfg.model_dump(mode="json"), "seed": repeat}, "repeat": repeat})
+        configs.append((wl, algo, workers, batch, ai - variant or None, cfg))
+    # The grid's repeats interleaved (every configuration once, then again): a slow spell of the
+    # host falls on all configurations alike instead of on every repeat of one. The baselines last.
+    order = [(r, c) for r in range(spec.repeats) for c in configs[:grid_size]]
+    order += [(r, c) for c in configs[grid_size:] for r in range(spec.repeats)]
+    for repeat, (wl, algo, workers, batch, var, cfg) in order:
+        key = config_key(wl, algo, workers, batch, repeat, variant=var)
+        entries.append({"key": key, "config": {**cfg.model_dump(mode="json"), "seed": repeat}, "repeat": repeat})
     return entries
 
 

@@ -179,15 +179,36 @@ class NetworkSpec(Section):
 
 
 class MicrobenchSpec(MicrobenchSettings):
-    """The pipeline's microbenchmarks: modelling's settings, and whether to run them."""
+    """The pipeline's microbenchmarks: modelling's settings, whether to run them, and the protocol
+    that makes the validation figures hold (benchmarks/bench_validation.py runs it)."""
 
     enabled: bool = True
+    pooled: int = Field(
+        3, ge=1, le=20, description="Microbenchmark rounds, pooled (each size's median over them) and one "
+        "interval input each: one taken in a quiet or busy spell of the host would shift every prediction."
+    )
+    gap_s: float | None = Field(
+        None, ge=0, description="Computation before each timed operation; default the profiled models' median "
+        "compute iteration (communication costs more after a longer stretch of computation)."
+    )
+    max_size_factor: float = Field(
+        4.0, ge=1, description="Without `sizes`: sizes from 4 KiB up to this many times the largest model's "
+        "parameter bytes, every factor of 4."
+    )
+    budget_s: float = Field(
+        120.0, gt=0, description="Without `sizes`: the largest sizes are dropped until the rounds' estimated "
+        "wire time (at the spec's link rate, else 1 GB/s) fits this budget."
+    )
 
 
 class ProfileSpec(ProfileSettings):
     """The pipeline's layer profiles: modelling's settings, and whether to run them."""
 
     enabled: bool = True
+    pooled: int = Field(
+        3, ge=1, le=20, description="Profile rounds of each workload, pooled (each time the median over "
+        "them, modelling.layers.pool_layers) and one interval input each."
+    )
 
 
 class WhatIfSpec(Section):

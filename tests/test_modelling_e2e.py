@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from infra.hostload import QUIET
 from infra.local import LocalProvider
 from modelling.fit import fit_comm
 from modelling.layers import load_layers, write_layers
@@ -13,6 +14,13 @@ from modelling.microbench import run_microbench
 from modelling.profiler import profile_layers
 from modelling.validate import ValidationInputError, validate_runs
 from pipelines.launch import launch, prepare
+
+# The model's own error on one host, fed with the run's in-situ compute: what is left is the
+# communication model and the DAG's overlap and straggler terms. The issue's bar is 5%; the
+# test allows 10%, twice it, for a CI host whose other jobs share the 2 cores during the
+# microbenchmark and not during the run (or the other way): a lost term (the update, the
+# allreduce, the straggler wait) or a wrong unit moves the prediction by far more.
+MODEL_TOLERANCE = 0.10
 
 
 def test_microbench_refuses_bad_input_before_launching(tmp_path) -> None:
@@ -71,8 +79,98 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
     assert r["measured_iter_s"] == summary["iter_time_s"]["p50"]
     assert r["algorithm"] == "ssgd" and r["comm"] == "allreduce" and r["workers"] == 2
     assert r["placement"] == "one host" and result["configs"][0]["placement"] == "one host"
-    # Loose on purpose: in CI other jobs share these 2 cores and one CI run measured 0.42
-    # (8 steps then); the benchmark reports the real figure. Still catches a wrong unit
-    # or a lost term.
-    assert 1 / 3 < r["predicted_iter_s"] / r["measured_iter_s"] < 3.0
+    # The end-to-end error carries the drift between the profile and the run (other work on the
+    # host moves a separate profile by tens of percent); the model's error, the DAG fed with the
+    # run's own in-situ layer compute, does not, and is what this test holds the model to.
+    assert r["model_error"] is not None and r["repeat_spread"] == 0.0
+    insitu = load_layers(run / "layers_insitu.json")
+    assert [x["name"] for x in insitu["layers"]] == [x["name"] for x in layers["layers"]]
     assert result["median_abs_error"] == abs(r["error"])
+    assert result["median_abs_model_error"] == abs(r["model_error"])
+    share = summary["environment"]["host_other_cpu_share"]
+    if share > QUIET:
+        # Other work took the CPU the two ranks need to meet in each allreduce: the iteration
+        # then measures the host's scheduling, which no model of this job predicts.
+        pytest.skip(f"the host was loaded during the run (other work used {share:.0%} of its CPU, over the "
+                    f"{QUIET:.0%} of a quiet host): model error {r['model_error']:+.1%} not held to "
+                    f"{MODEL_TOLERANCE:.0%}")
+    assert abs(r["model_error"]) <= MODEL_TOLERANCE, r
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_reduced_validation_spec_end_to_end_through_ddlbench_run(tmp_path) -> None:
+    """specs/validation/onehost-lenet5.yaml, reduced (2 algorithms, 2 repeats, 2 pooled rounds),
+    through the command a user types: both errors per configuration, the repeat spread, the
+    intervals and their summary keys in validation.json, report.json and MLflow."""
+    import os
+    import statistics
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    repo = Path(__file__).resolve().parent.parent
+    sets = ["steps=30", "repeats=2", "algorithms=[{name: ssgd, comm: allreduce}, {name: odsgd, comm: ps}]",
+            "profile.pooled=2", "profile.repeats=5", "microbench.pooled=2", "microbench.repeats=3"]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ddlbench"), "run", str(repo / "specs/validation/onehost-lenet5.yaml"),
+         "--home", str(tmp_path), "--run-key", "val", *(a for s in sets for a in ("--set", s))],
+        cwd=repo, env=env | {"COLUMNS": "200"}, capture_output=True, text=True, timeout=1400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "val"
+    val = json.loads((run_dir / "validate" / "validation.json").read_text())
+    assert len(val["configs"]) == 2 and len(val["runs"]) == 4
+    for c in val["configs"]:
+        mine = [r for r in val["runs"] if r["run"] in c["runs"]]
+        measured = [r["measured_iter_s"] for r in mine]
+        assert c["repeats"] == 2 and c["repeat_spread"] == max(measured) / min(measured) - 1
+        assert all(r["repeat_spread"] == c["repeat_spread"] for r in mine)
+        assert c["model_error"] == (c["model_predicted_iter_s"] - c["measured_iter_s"]) / c["measured_iter_s"]
+        assert c["model_predicted_iter_s"] == statistics.median(r["model_predicted_iter_s"] for r in mine)
+        assert c["predicted_p10_s"] <= c["predicted_p90_s"]
+    assert val["interval_inputs"] == {"profile_rounds": 2, "microbench_rounds": 2}
+    assert len(list((run_dir / "profile").glob("*/r*/layers.json"))) == 2
+    assert len(list((run_dir / "microbench").glob("w2/r*/comm.json"))) == 2
+    # every prediction, the what-if sizes too, with its interval around it
+    assert val["predictions"] and all(
+        p["iter_time_p10_s"] <= p["iter_time_p90_s"] for p in val["predictions"])
+    report = json.loads((run_dir / "report" / "report.json").read_text())["validation"]
+    model_errors = [abs(c["model_error"]) for c in val["configs"]]
+    assert report["median_abs_model_error"] == statistics.median(model_errors)
+    assert report["worst_abs_model_error"] == max(model_errors)
+    assert report["median_abs_error"] == statistics.median(abs(c["error"]) for c in val["configs"])
+    assert "model error" in (run_dir / "report" / "report.md").read_text()
+    assert "end to end" in proc.stdout and "model" in proc.stdout
+    # the MLflow validate run carries both errors per configuration as metrics
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ddlbench-adhoc")
+    [validate] = client.search_runs([exp.experiment_id], "tags.`ddlbench.node` = 'validate'")
+    metrics = validate.data.metrics
+    for c in val["configs"]:
+        label = f"lenet5-{c['algorithm']}-{c['comm']}-w2-b32"
+        assert metrics[f"{label}.error"] == pytest.approx(c["error"])
+        assert metrics[f"{label}.model_error"] == pytest.approx(c["model_error"])
+        assert metrics[f"{label}.repeat_spread"] == pytest.approx(c["repeat_spread"])
+    assert metrics["median_abs_model_error"] == pytest.approx(report["median_abs_model_error"])
+
+
+def test_the_insitu_table_replaces_the_profiles_compute_and_nothing_else() -> None:
+    from modelling.layers import LayersError
+    from modelling.validate import insitu_layers
+
+    def table(fwd: float, names=("conv", "fc"), **extra) -> dict:
+        rows = [{"name": n, "type": "Linear", "fwd_s": fwd, "bwd_s": 2 * fwd, "param_bytes": 64} for n in names]
+        return {"model": "m", "batch_size": 32, "layers": rows, "update_s": 0.5, "data_s": 0.1, **extra}
+
+    profile = table(1.0, pack_s=0.3, iteration_samples_s=[4.0, 5.0])
+    own = insitu_layers(profile, table(2.0, update_s=9.0, data_s=0.2, iteration_samples_s=[6.0]))
+    assert [(r["fwd_s"], r["bwd_s"]) for r in own["layers"]] == [(2.0, 4.0), (2.0, 4.0)]
+    assert (own["data_s"], own["iteration_samples_s"]) == (0.2, [6.0])
+    # what training does not time per layer stays the profile's
+    assert (own["update_s"], own["pack_s"]) == (0.5, 0.3)
+    with pytest.raises(LayersError, match="layers_insitu.json: its layers"):
+        insitu_layers(profile, table(2.0, names=("conv", "other")))

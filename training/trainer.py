@@ -23,6 +23,7 @@ from training.algorithms import AllreduceSSGD, make_strategy
 from training.config import TrainConfig
 from training.datasets import GlobalBatchSampler, load_dataset, native_shape
 from training.gpt_shape import is_gpt, resolve_shape
+from training.layer_timing import LayerTimer, sampling_every
 from training.models import build_model, logits_of, natural_input_shape
 from training.timeline import Timeline
 
@@ -98,6 +99,8 @@ class Trainer:
         self.loss_reached_at: float | None = None
         self.loss_reached_step: int | None = None
         self.loss_value = float("nan")
+        # Per-layer compute sampled in situ every k-th iteration (layers_insitu.json).
+        self.layer_timer = LayerTimer(self.net, device, sampling_every(), cfg.measure_warmup)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -149,6 +152,7 @@ class Trainer:
                     x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                     if cfg.inject_delay_ms:  # a known slowdown, to test the regression alarm
                         time.sleep(cfg.inject_delay_ms / 1e3)
+                self.layer_timer.arm(t)
                 with tl.phase("forward"):
                     loss = F.cross_entropy(logits_of(model(x)), y)
                     self.loss_value = loss.item()
@@ -156,6 +160,7 @@ class Trainer:
                     raise Diverged(t + 1, self.loss_value)
                 b0 = tl.now()
                 tl.current = f"backward of step {t}"
+                self.layer_timer.backward()
                 loss.backward()
                 self._sync()
                 b1 = tl.now()
@@ -168,6 +173,7 @@ class Trainer:
                 self.strategy.step(t)
                 self._sync()
                 rec = tl.end()
+                self.layer_timer.collect()
                 if lead:
                     row: dict[str, Any] = {
                         "step": t + 1,
@@ -192,6 +198,7 @@ class Trainer:
             train_time = tl.now() - self.eval_time
             result: dict[str, Any] = {"train_time_s": train_time}
             if lead:
+                self.layer_timer.write(self.out, tl.records, cfg.model, cfg.batch_size)
                 acc, test_loss = evaluate(self.net, self.test_set, self.device)
                 self._note_target(acc, test_loss, train_time, steps)
                 metrics.write(json.dumps({"step": steps, "accuracy": acc, "test_loss": test_loss,

@@ -140,12 +140,22 @@ def trained_dirs(trained: list[dict]) -> list[dict]:
     return [e for e in trained if e and e.get("status") == "FINISHED" and Path(e["run_dir"], "summary.json").exists()]
 
 
+_SUMMARY_KEYS = ("median_abs_error", "worst_abs_error", "median_abs_model_error", "worst_abs_model_error")
+
+
 def _skipped(**why: Any) -> dict:
-    return {"validation": None, "skipped": True, **why, "median_abs_error": None, "worst_abs_error": None}
+    return {"validation": None, "skipped": True, **why, **dict.fromkeys(_SUMMARY_KEYS)}
+
+
+def _config_label(c: dict[str, Any]) -> str:
+    where = "" if c.get("placement") in (None, "one host") else f"-{c['placement'].replace(' ', '_')}"
+    return f"{c['model']}-{c['algorithm']}-{c['comm']}-w{c['workers']}-b{c['batch_size']}{where}"
 
 
 def validate(ctx: RunContext, trained: list[dict]) -> dict:
-    """Predicted vs measured for every trained run; errors per config, median and worst."""
+    """Predicted vs measured for every trained run: per configuration the end-to-end error (the
+    DAG fed with the profile), the model's error (fed with the run's in-situ layer compute) and
+    the repeats' spread; their median and worst over configurations."""
     spec = ctx.spec()
 
     def body(t: Tracker, node: str) -> dict:
@@ -174,16 +184,22 @@ def validate(ctx: RunContext, trained: list[dict]) -> dict:
                         return _skipped(reason=str(err))
                     runs += [{**r, "run": Path(str(r["run"])).name} for r in res["runs"]]
         result = summarise(runs)  # repeats of a configuration count once, as their median (DESIGN §4)
+        from pipelines.stages.interval import prediction_intervals, validation_intervals
+
+        validation_intervals(ctx, result)
+        result["predictions"] = prediction_intervals(ctx)  # the what-if sizes too, with their p10-p90
         path = write_json(ctx.paths.validation, result)
         t.log_artifact(node, path)
-        cols = ("run", "predicted_iter_s", "measured_iter_s", "error")
-        t.log_table(node, columns(runs, cols), "predicted_vs_measured.json")
+        cols = ("run", "predicted_iter_s", "measured_iter_s", "error", "model_error", "repeat_spread")
+        t.log_table(node, columns(result["runs"], cols), "predicted_vs_measured.json")
         from pipelines.report import plot_predicted_vs_measured
 
-        t.log_figure(node, plot_predicted_vs_measured(runs), "predicted_vs_measured.png")
-        errors = {"median_abs_error": result["median_abs_error"], "worst_abs_error": result["worst_abs_error"]}
-        t.log_metrics(node, errors)
-        t.log_metrics(PARENT, {f"prediction_{k}": v for k, v in errors.items()})
+        t.log_figure(node, plot_predicted_vs_measured(result["runs"]), "predicted_vs_measured.png")
+        errors = {k: result[k] for k in _SUMMARY_KEYS}
+        kinds = ("error", "model_error", "repeat_spread")
+        per_config = {f"{_config_label(c)}.{k}": c[k] for c in result["configs"] for k in kinds}
+        t.log_metrics(node, {k: v for k, v in (errors | per_config).items() if v is not None})
+        t.log_metrics(PARENT, {f"prediction_{k}": v for k, v in errors.items() if v is not None})
         return {"validation": str(path), "skipped": False, **errors}
 
     return run_once(ctx, "validate", body)
