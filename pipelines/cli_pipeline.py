@@ -113,8 +113,8 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
                         raise
                     failed = True
                     _report(console, err, results)
-            done = results.get("finish") or _unfinished(ctx)
-            results["finish"] = done
+            outcome = next(s.name for s in stages if s.takes_outcome)
+            done = results[outcome] = results.get(outcome) or _unfinished(ctx)
             if done["pending"] and "disk_full" in results:
                 console.print(
                     f"[yellow]the journal keeps {done['pending']} entries MLflow lacks: once space is freed, "
