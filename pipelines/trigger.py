@@ -80,7 +80,7 @@ def _refusal(field: str) -> str | None:
     return None
 
 
-def check_overrides(overrides: dict[str, Any] | None, source: str = "overrides") -> None:
+def check_trigger_overrides(overrides: dict[str, Any] | None, source: str = "overrides") -> None:
     """SpecError naming the first deployment-only field the overrides set."""
     for key, value in (overrides or {}).items():
         for field in _leaves(value, str(key).replace("-", "_")):
@@ -103,7 +103,7 @@ def check_trigger(spec_path: str, home: str | None, overrides: dict[str, Any] | 
         if not isinstance(home, str) or not _inside(_resolved(home), roots):
             raise SpecError(f"home: {excerpt(home)} is outside the deployment's home root "
                             f"({', '.join(map(str, roots))}; set by {HOME_ROOT_ENV})")
-    check_overrides(overrides)
+    check_trigger_overrides(overrides)
 
 
 def _resolved(path: str) -> Path | None:
