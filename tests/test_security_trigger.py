@@ -96,6 +96,18 @@ def test_deployment_only_overrides_are_refused_naming_the_field(overrides: dict,
     refused(lambda: check_trigger_overrides(overrides), f"{field}: ")
 
 
+def test_every_deployment_only_field_is_named_one_line_each() -> None:
+    with pytest.raises(SpecError) as err:
+        check_trigger_overrides({"provider.options.partition": "debug\necho PWNED > /tmp/pwned",
+                                 "provider.options.account": "acct\ntouch /tmp/x", "repeats": 1})
+    assert str(err.value).splitlines() == [
+        "overrides.provider.options.account: only the deployment sets it (a trigger chooses workloads, "
+        "algorithms, sizes, links and repeats)",
+        "overrides.provider.options.partition: only the deployment sets it (a trigger chooses workloads, "
+        "algorithms, sizes, links and repeats)",
+    ]
+
+
 def test_what_a_trigger_chooses_passes() -> None:
     check_trigger_overrides({
         "repeats": 1, "regression.min_effect": 0.2, "train.inject_delay_ms": 20, "workers": [2, 4],
