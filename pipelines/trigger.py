@@ -24,7 +24,7 @@ from typing import Any
 
 from infra.options import excerpt
 from pipelines.context import REPO, default_home
-from pipelines.spec_load import SpecError, field_name
+from pipelines.spec_load import SpecError, field_name, one_error
 
 SPEC_DIRS_ENV = "DDLBENCH_SPEC_DIRS"
 HOME_ROOT_ENV = "DDLBENCH_HOME_ROOT"
@@ -80,13 +80,16 @@ def _refusal(field: str) -> str | None:
     return None
 
 
-def check_overrides(overrides: dict[str, Any] | None, source: str = "overrides") -> None:
-    """SpecError naming the first deployment-only field the overrides set."""
+def check_trigger_overrides(overrides: dict[str, Any] | None, source: str = "overrides") -> None:
+    """SpecError naming every deployment-only field the overrides set, one line each."""
+    lines = []
     for key, value in (overrides or {}).items():
         for field in _leaves(value, str(key).replace("-", "_")):
             if (why := _refusal(field)) is not None:
                 shown = ".".join(field_name(p) if not p.isdigit() else p for p in field.split("."))
-                raise SpecError(f"{source}.{shown}: {why}")
+                lines.append(f"{source}.{shown}: {why}")
+    if lines:
+        raise SpecError(one_error(sorted(lines)))
 
 
 def check_trigger(spec_path: str, home: str | None, overrides: dict[str, Any] | None) -> None:
@@ -103,7 +106,7 @@ def check_trigger(spec_path: str, home: str | None, overrides: dict[str, Any] | 
         if not isinstance(home, str) or not _inside(_resolved(home), roots):
             raise SpecError(f"home: {excerpt(home)} is outside the deployment's home root "
                             f"({', '.join(map(str, roots))}; set by {HOME_ROOT_ENV})")
-    check_overrides(overrides)
+    check_trigger_overrides(overrides)
 
 
 def _resolved(path: str) -> Path | None:

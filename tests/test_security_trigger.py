@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from infra import provider_options_model
 from pipelines import steps
 from pipelines.spec import SpecError, load_spec
-from pipelines.trigger import HOME_ROOT_ENV, SPEC_DIRS_ENV, TRIGGER_FIELDS, check_overrides, check_trigger
+from pipelines.trigger import HOME_ROOT_ENV, SPEC_DIRS_ENV, TRIGGER_FIELDS, check_trigger, check_trigger_overrides
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "smoke.yaml"
@@ -93,11 +93,23 @@ DEPLOYMENT_ONLY = [
 
 @pytest.mark.parametrize(("overrides", "field"), DEPLOYMENT_ONLY, ids=[f for _, f in DEPLOYMENT_ONLY])
 def test_deployment_only_overrides_are_refused_naming_the_field(overrides: dict, field: str) -> None:
-    refused(lambda: check_overrides(overrides), f"{field}: ")
+    refused(lambda: check_trigger_overrides(overrides), f"{field}: ")
+
+
+def test_every_deployment_only_field_is_named_one_line_each() -> None:
+    with pytest.raises(SpecError) as err:
+        check_trigger_overrides({"provider.options.partition": "debug\necho PWNED > /tmp/pwned",
+                                 "provider.options.account": "acct\ntouch /tmp/x", "repeats": 1})
+    assert str(err.value).splitlines() == [
+        "overrides.provider.options.account: only the deployment sets it (a trigger chooses workloads, "
+        "algorithms, sizes, links and repeats)",
+        "overrides.provider.options.partition: only the deployment sets it (a trigger chooses workloads, "
+        "algorithms, sizes, links and repeats)",
+    ]
 
 
 def test_what_a_trigger_chooses_passes() -> None:
-    check_overrides({
+    check_trigger_overrides({
         "repeats": 1, "regression.min_effect": 0.2, "train.inject_delay_ms": 20, "workers": [2, 4],
         "batch_sizes": [16], "steps": 10, "epochs": None, "train_timeout_s": 600, "network.link_bandwidth": "1gbit",
         "workloads": [{"model": "mlp", "dataset": "digits"}], "what_if.workers": [8],
@@ -106,7 +118,7 @@ def test_what_a_trigger_chooses_passes() -> None:
         "provider.name": "netns", "provider.options": {"nodes": 2, "bandwidth": "1gbit"},
     })
     # the onboarding form's overrides (dags/ddlbench_hardware_onboarding.py onboarding_overrides)
-    check_overrides({
+    check_trigger_overrides({
         "name": "onboarding-box-a", "suite": "onboarding", "hardware": "box-a",
         "provider": {"name": "netns", "options": {"nodes": 2, "devices_per_node": 1, "bandwidth": "1gbit"}},
         "workloads": [{"model": "lenet5", "dataset": "synthetic"}], "algorithms": [{"name": "odsgd", "comm": "ps"}],
@@ -121,9 +133,9 @@ def test_every_provider_option_but_sizes_and_links_is_the_deployments(provider: 
     nested = data.draw(st.booleans())
     overrides = ({"provider": {"options": {option: "x"}}} if nested else {f"provider.options.{option}": "x"})
     if option in TRIGGER_OPTIONS:
-        check_overrides(overrides)
+        check_trigger_overrides(overrides)
     else:
-        refused(lambda: check_overrides(overrides), f"overrides.provider.options.{option}: only the deployment")
+        refused(lambda: check_trigger_overrides(overrides), f"overrides.provider.options.{option}: only the deployment")
 
 
 def test_every_allowed_pattern_is_a_spec_field() -> None:
