@@ -152,7 +152,8 @@ START_AND_PROVISION = """
 import sys
 from pipelines import steps
 ctx = steps.start(sys.argv[1], run_key="abandoned", home=sys.argv[2],
-                  overrides={"microbench.enabled": False, "profile.enabled": False})
+                  overrides={"microbench.enabled": False, "profile.enabled": False},
+                  airflow={"dag_id": "ddlbench_nightly", "run_id": "manual__abandoned"})
 steps.provision(ctx)
 """
 
@@ -162,7 +163,8 @@ def test_sync_abandoned_through_the_command_leaves_no_run_running(tmp_path: Path
     `ddlbench sync` leaves its parent RUNNING (the run may go on); `--abandoned` ends it FAILED."""
     home = tmp_path / "home"
     env: dict[str, Any] = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    # start and provision as Airflow tasks run them: in a process that has ended since.
+    # start and provision as an Airflow DAG run's tasks run them (the parent run is the DAG
+    # run's, not the task process's), in a process that has ended since.
     subprocess.run([sys.executable, "-c", START_AND_PROVISION, str(SMOKE), str(home)], cwd=REPO, env=env,
                    check=True, timeout=300)
     assert _statuses(home) == {"pipeline": "RUNNING", "provision": "FINISHED"}

@@ -2,7 +2,7 @@
 microbenchmark and profile, on one cluster that provision made and teardown removed.
 
 - In CI: one model (mlp on digits, communication-bound), two algorithms (SSGD over allreduce,
-  OD-SGD over a parameter server), 2 workers on 2 nodes (about a minute here, loaded).
+  OD-SGD over a parameter server), 2 workers on 2 nodes, every stage of the pipeline.
 - Opt-in, DDLBENCH_NIGHTLY_NETNS=1: the whole grid (5 algorithms x 2 models x 2 and 4 workers,
   and the 1-worker baselines) on 2 and on 3 nodes. Too slow for CI on a 2-core machine (22 jobs
   each: 30 min for 2 nodes here, loaded).
