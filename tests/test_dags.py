@@ -74,13 +74,16 @@ def test_every_dag_imports_without_errors(dagbag: Any) -> None:
 
 def test_dag_files_parse_fast_without_heavy_imports(airflow_home: Path) -> None:
     """In a fresh interpreter: parsing imports no torch, mlflow or pipeline code beyond the stage
-    table, in well under 1 s."""
+    table, and takes well under 1 s of CPU. CPU time, not the wall clock: on a loaded host the
+    parse waits for a core, which says nothing about what parsing costs."""
     probe = (
-        "import json, sys\n"
+        "import json, sys, time\n"
         "from airflow.dag_processing.dagbag import DagBag\n"
+        "cpu = time.process_time()\n"
         f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
-        "print(json.dumps({'errors': list(bag.import_errors),"
-        " 'durations': {s.file: s.duration.total_seconds() for s in bag.dagbag_stats},"
+        "cpu = time.process_time() - cpu\n"
+        "print(json.dumps({'errors': list(bag.import_errors), 'cpu_s': cpu,"
+        " 'files': sorted(s.file for s in bag.dagbag_stats),"
         " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('torch', 'mlflow', 'pipelines', 'training', 'modelling', 'infra'))}))\n"
     )
@@ -91,9 +94,8 @@ def test_dag_files_parse_fast_without_heavy_imports(airflow_home: Path) -> None:
     # The stage table and the onboarding form's choices: plain data, nothing they import.
     assert result["errors"] == []
     assert result["heavy"] == ["pipelines", "pipelines.onboarding", "pipelines.stages"]
-    assert len(result["durations"]) == 2
-    for file, seconds in result["durations"].items():
-        assert seconds < 0.5, f"{file} took {seconds:.2f} s to parse"
+    assert len(result["files"]) == 2
+    assert result["cpu_s"] < 0.5, f"parsing both DAG files took {result['cpu_s']:.2f} s of CPU"
 
 
 GRAPHS = REPO / "tests" / "fixtures" / "dag_graphs.json"
