@@ -17,9 +17,9 @@ from typing import Any
 
 # What a TCP socket takes from a sender before its send blocks: half of the send buffer's
 # ceiling (tcp_wmem's maximum; the other half is the kernel's per-packet overhead), on
-# Linux's default 4 MiB ceiling 2 MiB. Measured on a 200 Mbit/s netns link: ASGD's shard
-# returns from sending lenet5's 247 KB reply in 0.4 ms, while the link takes 8.7 ms to
-# carry it; mlp's 21 MB reply returns 85 ms (2.1 MB at the link's rate) before the link is done.
+# Linux's default 4 MiB ceiling 2 MiB. A send returns once its bytes are in that buffer, so a
+# reply smaller than it returns long before the link has carried it, and a larger one returns
+# that buffer's worth of wire time before the link is done (docs/model-core.md).
 DEFAULT_TCP_WMEM_MAX = 4 << 20
 TCP_WMEM = Path("/proc/sys/net/ipv4/tcp_wmem")
 # A receiver's buffer, which autotuning grows up to tcp_rmem's maximum (Linux's default 6 MiB,

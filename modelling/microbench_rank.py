@@ -55,9 +55,9 @@ ASGD_PASSES = 50  # the most passes per worker and size that ASGD's pattern is t
 def _pull_lead(stamps: list[tuple[float, float]], n: int, node_of_rank: list[int] | None) -> float | None:
     """Placed, how much sooner the first of the workers on nodes without a shard has its pull
     back than the last of them (rank order, the order a shard sends in), per round, median:
-    a shard node's uplink, a FIFO queue, does not share itself fairly among pulls sent at once
-    (resnet20's 1.1 MB to 2 workers over 200 Mbit/s: the first back after 62-72 ms of the
-    pair's 88). None where fewer than two such workers (or one host)."""
+    a shard node's uplink, a FIFO queue, does not share itself fairly among pulls sent at once,
+    so the first pull queued ends well before the pair's joint wire time. None where fewer
+    than two such workers (or one host)."""
     if node_of_rank is None:
         return None
     shard_nodes = set(node_of_rank[n:])
