@@ -62,8 +62,9 @@ def _inside(path: Path | None, roots: list[Path]) -> bool:
 
 
 def _leaves(value: Any, path: str) -> list[str]:
-    """The dotted fields a value sets: a mapping per key, a list of mappings per entry."""
-    if isinstance(value, dict) and value:
+    """The dotted fields a value sets: a mapping per key (an empty one merges into its section
+    and sets nothing), a list of mappings per entry."""
+    if isinstance(value, dict):
         return [leaf for k, v in value.items() for leaf in _leaves(v, f"{path}.{k}")]
     if isinstance(value, list) and any(isinstance(v, dict) for v in value):
         return [path] + [leaf for i, v in enumerate(value) for leaf in _leaves(v, f"{path}.{i}")]

@@ -126,6 +126,18 @@ def test_what_a_trigger_chooses_passes() -> None:
     })
 
 
+@pytest.mark.parametrize("provider", ["local", "netns", "slurm", "kubernetes"])
+def test_the_onboarding_forms_overrides_pass_for_every_provider(provider: str) -> None:
+    """What pipelines/onboarding.py builds from a valid form is what a trigger may choose (the
+    local provider's options are an empty mapping, which sets nothing)."""
+    from pipelines.onboarding import overrides
+
+    form = {"hardware_label": "box-a", "provider": provider, "nodes": 1, "devices_per_node": 2,
+            "bandwidth_gbps": 10, "models": ["lenet5"], "dataset": "digits", "algorithms": ["odsgd"],
+            "world_sizes": [2], "base_spec": "specs/smoke.yaml"}
+    check_trigger_overrides(overrides(form))
+
+
 @settings(max_examples=80, deadline=None, derandomize=True)
 @given(provider=st.sampled_from(["local", "netns", "slurm", "kubernetes"]), data=st.data())
 def test_every_provider_option_but_sizes_and_links_is_the_deployments(provider: str, data: Any) -> None:
