@@ -110,7 +110,10 @@ def test_nightly_runs_to_success_under_the_scheduler(airflow: AirflowServices, t
     assert watch.seen and "FAILED" not in watch.seen, watch.seen  # the parent lived through every task
     assert {r.data.tags.get("ddlbench.step") for r in runs} >= {"profile", "microbench", "train", "report"}
     # The profile ran as a job of its own, in fresh processes (one per worker), not in the task.
-    (profile_dir,) = (Path(ctx["run_dir"]) / "profile").glob("*/job")
+    # Each pooled round (profile.pooled, 2 in the smoke spec) is a job of its own.
+    profile_dirs = sorted((Path(ctx["run_dir"]) / "profile").glob("*/r*/job"))
+    assert [p.parent.name for p in profile_dirs] == ["r0", "r1"]
+    profile_dir = profile_dirs[0]
     assert json.loads((profile_dir / "profile-job.json").read_text())["processes"] == 2
     table = json.loads((profile_dir / "profile-result.json").read_text())  # written by the job's rank 0
     assert table["environment"]["processes"] == 2 and table["layers"]
