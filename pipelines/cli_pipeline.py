@@ -178,7 +178,7 @@ def _print_run_summary(
     if validation.get("median_abs_error") is not None:
         from pipelines.report_console import validation_table
 
-        console.print(validation_table(json.loads(Path(validation["validation"]).read_text())))
+        console.print(validation_table(validation))
     report_json = Path(result["report_md"]).with_name("report.json") if result.get("report_md") else None
     if report_json is not None and report_json.exists():
         from pipelines.report_console import comparison_table
