@@ -78,9 +78,9 @@ def _run_nightly(home: Path, nodes: int, extra: list[str]) -> tuple[Path, dict[s
     assert len(handle["nodes"]) == nodes
     assert not {n for n in _namespaces() if handle["tag"] in n}  # torn down
 
-    from pipelines.cli_pipeline import _overrides
+    from pipelines.spec_load import parse_set
 
-    keys = [e["key"] for e in grid(load_spec(NIGHTLY_CPU, _overrides(tuple(sets))))]
+    keys = [e["key"] for e in grid(load_spec(NIGHTLY_CPU, parse_set(sets)))]
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     exp = client.get_experiment_by_name("ddlbench-nightly")
     runs = client.search_runs([exp.experiment_id], max_results=1000)
