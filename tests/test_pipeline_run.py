@@ -26,7 +26,7 @@ SMOKE = REPO / "specs" / "smoke.yaml"
 KEY = "smoke-e2e"
 CONFIGS = ["lenet5-ssgd-allreduce-w2-b32-r0", "lenet5-odsgd-ps-w2-b32-r0", "lenet5-asgd-ps-w2-b32-r0"]
 SMOKE_STEPS = load_spec(SMOKE).steps
-STEPS = ["provision", "microbench", "profile", "fit", "predict", "validate", "report"]
+STEPS = ["provision", "microbench", "profile", "fit", "predict", "validate", "suspects", "report"]
 
 
 def _ddlbench(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -184,7 +184,7 @@ def test_step_runs_hold_model_artifacts_tables_and_plots(
     for algo in ("ssgd-allreduce", "odsgd-ps", "asgd-ps"):
         assert algo in md
     # the first run of this spec here: the regression section says there is no history to test against
-    assert "## Regression check" in md and "prediction test" in md and "Result: **no-baseline**" in md
+    assert "## Regression check" in md and "one-sided t test" in md and "Result: **no-baseline**" in md
 
 
 def test_same_run_key_again_resumes_without_new_runs(own_home: dict[str, Any]) -> None:
