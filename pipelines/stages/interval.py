@@ -123,7 +123,10 @@ def prediction_intervals(ctx: RunContext) -> list[dict[str, Any]]:
             continue
     out = []
     for n, row in enumerate(rows):
-        values = [r[n]["iter_time_s"] for r in redone if len(r) == len(rows)]
+        if row.get("iter_time_s") is None:  # a no-prediction row (its reason says why): no interval
+            out.append({**row, "iter_time_p10_s": None, "iter_time_p90_s": None})
+            continue
+        values = [r[n]["iter_time_s"] for r in redone if len(r) == len(rows) and r[n].get("iter_time_s") is not None]
         lo, hi = around(values, row["iter_time_s"])
         out.append({**row, "iter_time_p10_s": lo, "iter_time_p90_s": hi})
     return out
