@@ -94,7 +94,13 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
         pytest.skip(f"the host was loaded during the run (other work used {share:.0%} of its CPU, over the "
                     f"{QUIET:.0%} of a quiet host): model error {r['model_error']:+.1%} not held to "
                     f"{MODEL_TOLERANCE:.0%}")
-    assert abs(r["model_error"]) <= MODEL_TOLERANCE, r
+    # A second repeat gives the configuration's noise floor: an error below twice the repeats'
+    # spread cannot be told from the host's drift (the bar docs/model-accuracy.md's grids use).
+    again = tmp_path / "again"
+    launch(cfg, again, LocalProvider(), timeout_s=300, echo=False)
+    write_layers(layers, again)
+    (c,) = validate_runs([run, again])["configs"]
+    assert abs(c["model_error"]) <= max(MODEL_TOLERANCE, 2 * c["repeat_spread"]), c
 
 
 @pytest.mark.slow
