@@ -59,8 +59,7 @@ class CommCosts:
             return None
         note = (f"the {f['primitive']} fit for {f['workers']} workers is flagged ({'; '.join(f['flags'])}); "
                 f"wire time at the stated link rate ({self.link * 8 / 1e9:.3g} Gbit/s)")
-        if note not in self.notes:
-            self.notes.append(note)
+        self.notes.append(note)  # every time: each prediction's note is its own (`note`)
         return self.link
 
     def allreduce(self, workers: int):
@@ -201,8 +200,9 @@ class CommCosts:
         return lambda m: alpha + m * beta
 
     def note(self, mark: int = 0) -> str:
-        """What the costs handed out since `mark` (a length of `notes`) assumed in place of a fit."""
-        return "; ".join(self.notes[mark:])
+        """What the costs handed out since `mark` (a length of `notes`) assumed in place of a fit,
+        each once."""
+        return "; ".join(dict.fromkeys(self.notes[mark:]))
 
 
 def _nonnegative_line(m: np.ndarray, t: np.ndarray) -> tuple[float, float]:

@@ -86,6 +86,12 @@ def test_a_fit_faster_than_the_link_is_flagged_and_not_used() -> None:
     assert costs.transfer(4, 1)(1.25e9) == pytest.approx(1.0 + 20e-6, rel=1e-3)
     assert costs.allreduce(4)(1.25e9) == pytest.approx(2 * 3 / 4 * 1.0, rel=1e-2)
     assert "flagged" in costs.note() and "stated link rate (10 Gbit/s)" in costs.note()
+    # Each prediction's note is its own: a later world size that uses the same fit says so too.
+    for _ in range(2):
+        mark = len(costs.notes)
+        costs.transfer(2, 1)
+        assert "stated link rate (10 Gbit/s)" in costs.note(mark)
+        assert costs.note(mark).count("stated link rate") == len({n for n in costs.notes[mark:]})
     # Without a stated rate, nothing replaces the impossible beta: refused.
     with pytest.raises(CommModelError, match="flagged"):
         CommCosts({**model, "link_bytes_per_s": None}).transfer(4, 1)

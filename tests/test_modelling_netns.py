@@ -136,13 +136,17 @@ def test_an_issue_spec_is_measured_predicted_and_validated(tmp_path: Path, spec:
     # most of the 1 MiB message, and the sustained slope over the largest two sizes beats the
     # link) is predicted at that rate, and the prediction says so; nothing is skipped.
     model = json.loads((run / "fit" / "model.json").read_text())
-    flagged = {f["primitive"] for f in model["fits"] if not f["usable"]}
+    # Flagged faster than its link (not a line that noise made flat, which is used as
+    # measured), per world: a 1-worker round beside its shard is loopback, and flagged, but no
+    # 2-worker prediction uses it.
+    flagged = {(f["primitive"], f["workers"], f["servers"]) for f in model["fits"]
+               if not f["usable"] and f["beta_s_per_byte"] > 0}
     layers = json.loads(next(run.glob("profile/*/layers.json")).read_text())
     for path in run.glob("train/*/summary.json"):
         summary = json.loads(path.read_text())
         [p] = predict(layers, model, Scenario.from_summary(summary), strict=False)
         assert p["no_prediction"] is None and p["iter_time_s"] > 0
-        if summary["comm"] in flagged:
+        if (summary["comm"], summary["workers"], summary["servers"] if summary["comm"] == "ps" else 0) in flagged:
             assert "wire time at the stated link rate" in p["note"], p["note"]
     predictions = json.loads((run / "predict" / "predictions.json").read_text())
     assert {p["algorithm"] for p in predictions if p["iter_time_s"]} == {"ssgd-allreduce", "ssgd-ps", "asgd-ps",
