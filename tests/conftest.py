@@ -56,6 +56,14 @@ def needs_service(name: str, check: ServiceCheck) -> pytest.MarkDecorator:
     return pytest.mark.needs_service.with_args(name, check)
 
 
+def _root_why_not() -> str | None:
+    return None if os.geteuid() == 0 else "not root (network namespaces, tc and mounts need it)"
+
+
+# Root: CI runs as root (.ci/run), so there a test that needs it fails rather than skips.
+needs_root = needs_service("root", _root_why_not)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "needs_service(name, check): needs a service CI starts; skips outside CI, fails under CI"

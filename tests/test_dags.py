@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.airflow_services import all_succeeded
+from tests.conftest import needs_root
 
 REPO = Path(__file__).resolve().parent.parent
 DAGS = REPO / "dags"
@@ -545,7 +546,6 @@ def test_sigterm_to_a_training_task_kills_its_process_group(airflow_home: Path, 
 
 # -- on a netns cluster: one cluster per pipeline run ----------------------------------------
 NIGHTLY_CPU = REPO / "specs" / "nightly-cpu.yaml"
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="netns tests need root (network namespaces)")
 JOB_KINDS = ("microbench", "profile", "train")
 
 

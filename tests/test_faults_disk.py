@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.journal import RESERVE, Journal
+from tests.conftest import needs_root
 
-pytestmark = [pytest.mark.faults,
-              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")]
+pytestmark = [pytest.mark.faults, needs_root]
 
 REPO = Path(__file__).resolve().parent.parent
 DDLBENCH = str(Path(sys.executable).with_name("ddlbench"))

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from infra.local import LocalProvider
 from pipelines.cli import cli
 from pipelines.launch import JobFailed, launch, prepare
+from tests.conftest import needs_root
 from tests.test_training_algorithms import ssgd_reference
 from tests.trainjobs import max_diff, rank_process
 from training.config import ConfigError
@@ -167,7 +168,7 @@ def test_corrupted_or_foreign_checkpoint_is_refused_before_launch(tmp_path):
     assert not (out / "launcher.log").read_text().count("resumed")  # nothing was launched since
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+@needs_root
 def test_full_output_disk_fails_cleanly_and_keeps_what_was_written(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()

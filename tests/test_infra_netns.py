@@ -19,9 +19,9 @@ import pytest
 
 from infra import Job, ProviderError, get_provider
 from infra.netns import NetnsProvider, cleanup_stale, parse_bandwidth
+from tests.conftest import needs_root
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="netns tests need root (network namespaces)")
 netns = [pytest.mark.netns, needs_root]
 
 

@@ -23,11 +23,12 @@ from modelling.fit import fit_comm
 from modelling.microbench import run_microbench
 from modelling.predict import predict
 from modelling.scenario import Scenario
+from tests.conftest import needs_root
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.netns,
-    pytest.mark.skipif(os.geteuid() != 0, reason="netns tests need root (network namespaces)"),
+    needs_root,
 ]
 
 REPO = Path(__file__).resolve().parent.parent

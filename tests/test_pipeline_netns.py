@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import needs_service
+from tests.conftest import needs_root
 
 REPO = Path(__file__).resolve().parent.parent
 NIGHTLY_CPU = REPO / "specs" / "nightly-cpu.yaml"
@@ -30,8 +30,7 @@ NIGHTLY_CPU = REPO / "specs" / "nightly-cpu.yaml"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.netns,
-    needs_service("network namespaces (root)",
-                  lambda: None if os.geteuid() == 0 else "netns tests need root (network namespaces)"),
+    needs_root,
 ]
 full_grid = [
     pytest.mark.skipif(os.environ.get("DDLBENCH_NIGHTLY_NETNS") != "1",
