@@ -20,13 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+from pipelines.cli_common import ms, pct
+
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs" / "validation"
 TARGET, NETNS_TARGET = 0.10, 0.05  # median |error| on one host, on shaped links (worst 10%)
-
-
-def pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.1%}"
 
 
 def show(spec: Path, run_dir: Path) -> None:
@@ -39,13 +37,16 @@ def show(spec: Path, run_dir: Path) -> None:
         band = "-" if lo is None else f"{lo * 1e3:.2f}-{hi * 1e3:.2f}"
         where = "" if c["placement"] == "one host" else f" ({c['placement']})"
         print(f"{c['model'] + '-' + c['algorithm'] + '-' + c['comm'] + where:<40} {c['repeats']:>2} "
-              f"{c['predicted_iter_s'] * 1e3:>13.2f} {band:>13} {c['measured_iter_s'] * 1e3:>12.2f} "
+              f"{ms(c['predicted_iter_s']):>13} {band:>13} {ms(c['measured_iter_s']):>12} "
               f"{pct(c['error']):>8} {pct(c.get('model_error')):>8} {pct(c['repeat_spread']):>7}")
     target = NETNS_TARGET if spec.name.startswith("netns") else TARGET
     med, worst = report["median_abs_error"], report["worst_abs_error"]
     mmed, mworst = report["median_abs_model_error"], report["worst_abs_model_error"]
-    print(f"end to end: median |error| {med:.1%} (ratio to the {target:.0%} target: {med / target:.2f}), "
-          f"worst {worst:.1%} (ratio to 10%: {worst / TARGET:.2f})")
+    if med is not None:
+        print(f"end to end: median |error| {med:.1%} (ratio to the {target:.0%} target: {med / target:.2f}), "
+              f"worst {worst:.1%} (ratio to 10%: {worst / TARGET:.2f})")
+    if val.get("configs_without_prediction"):
+        print(f"no prediction for {val['configs_without_prediction']} configuration(s): see no_prediction")
     if mmed is not None:
         print(f"model (in-situ compute): median |error| {mmed:.1%} (ratio to 5%: {mmed / 0.05:.2f}), "
               f"worst {mworst:.1%}")

@@ -110,9 +110,13 @@ def validate_run(
         )
     comm_model = comm_model if comm_model is not None else _comm_model_for(run)
     scenario = Scenario.from_summary(summary)
-    [pred] = predict(layers, comm_model, scenario)
+    # A configuration the model cannot predict still has its measured row, with the reason in
+    # place of the figures: one run the model misses does not hide the others' validation.
+    [pred] = predict(layers, comm_model, scenario, strict=False)
     own = _insitu(run, layers)
-    [pred_own] = predict(own, comm_model, scenario) if own else [None]
+    [pred_own] = predict(own, comm_model, scenario, strict=False) if own else [None]
+    if pred_own is not None and pred_own["no_prediction"]:
+        pred_own = None
     # The median iteration time, as every measured figure (DESIGN §4); the mean, which
     # throughput pays and which one slow iteration moves, is reported beside it. ASGD has no
     # barrier: its workers keep their own paces (beside a colocated shard, one may step twice
@@ -134,15 +138,20 @@ def validate_run(
         "predicted_iter_s": pred["iter_time_s"],
         "measured_iter_s": measured,
         "measured_statistic": statistic,
-        "error": (pred["iter_time_s"] - measured) / measured,
+        "error": _error(pred["iter_time_s"], measured),
         "model_predicted_iter_s": pred_own["iter_time_s"] if pred_own else None,
-        "model_error": (pred_own["iter_time_s"] - measured) / measured if pred_own else None,
+        "model_error": _error(pred_own["iter_time_s"], measured) if pred_own else None,
         "measured_iter_mean_s": mean,
-        "error_vs_mean": (pred["iter_time_s"] - mean) / mean,
+        "error_vs_mean": _error(pred["iter_time_s"], mean),
         "predicted_compute_s": pred["compute_s"],
         "predicted_comm_s": pred["comm_s"],
         "measured_breakdown_s": summary.get("breakdown_s"),
+        "no_prediction": pred["no_prediction"],
     }
+
+
+def _error(predicted: float | None, measured: float) -> float | None:
+    return None if predicted is None else (predicted - measured) / measured
 
 
 def validate_runs(
@@ -161,7 +170,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     configs = group_repeats(runs)
     spread = {r: c["repeat_spread"] for c in configs for r in c["runs"]}
     runs = [r | {"repeat_spread": spread[r["run"]]} for r in runs]
-    errors = [abs(c["error"]) for c in configs]
+    errors = [abs(c["error"]) for c in configs if c["error"] is not None]
     model = [abs(c["model_error"]) for c in configs if c["model_error"] is not None]
     return {
         "runs": runs,
@@ -171,6 +180,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         # Over the configurations whose runs timed their layers in situ.
         "median_abs_model_error": statistics.median(model) if model else None,
         "worst_abs_model_error": max(model) if model else None,
+        # Configurations with a measured row and no prediction (`no_prediction` says why).
+        "configs_without_prediction": sum(c["error"] is None for c in configs),
         "median_repeat_spread": statistics.median(c["repeat_spread"] for c in configs) if configs else None,
         "worst_repeat_spread": max(c["repeat_spread"] for c in configs) if configs else None,
     }
@@ -195,7 +206,8 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault(key, []).append(r)
     out = []
     for key, rs in groups.items():
-        predicted = statistics.median(r["predicted_iter_s"] for r in rs)
+        ours = [r["predicted_iter_s"] for r in rs if r["predicted_iter_s"] is not None]
+        predicted = statistics.median(ours) if len(ours) == len(rs) else None  # as `model` below
         measured = statistics.median(r["measured_iter_s"] for r in rs)
         own = [r["model_predicted_iter_s"] for r in rs if r.get("model_predicted_iter_s") is not None]
         # Every repeat's in-situ prediction or none: a model error from part of the repeats
@@ -209,9 +221,10 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "runs": [r["run"] for r in rs],
                 "predicted_iter_s": predicted,
                 "measured_iter_s": measured,
-                "error": (predicted - measured) / measured,
+                "error": _error(predicted, measured),
+                "no_prediction": next((r["no_prediction"] for r in rs if r.get("no_prediction")), None),
                 "model_predicted_iter_s": model,
-                "model_error": (model - measured) / measured if model is not None else None,
+                "model_error": _error(model, measured) if model is not None else None,
                 "repeat_spread": max(times) / min(times) - 1,
             }
         )

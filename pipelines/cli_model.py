@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from pipelines.cli_common import PATH, bandwidth, fail, int_list, print_rows
+from pipelines.cli_common import PATH, bandwidth, fail, int_list, ms, pct, print_rows
 from pipelines.cli_measure import microbench, profile
 
 
@@ -214,10 +214,10 @@ def validate(
                 r["workers"],
                 r["servers"],
                 r["model"],
-                f"{r['predicted_iter_s'] * 1e3:.2f}",
-                f"{r['measured_iter_s'] * 1e3:.2f}",
-                f"{r['error']:+.1%}",
-                "-" if r["model_error"] is None else f"{r['model_error']:+.1%}",
+                ms(r["predicted_iter_s"]),
+                ms(r["measured_iter_s"]),
+                pct(r["error"]),
+                pct(r["model_error"]),
             ]
             for r in result["runs"]
         ],
@@ -235,9 +235,9 @@ def validate(
                     c["workers"],
                     c["servers"],
                     c["repeats"],
-                    f"{c['predicted_iter_s'] * 1e3:.2f}",
-                    f"{c['measured_iter_s'] * 1e3:.2f}",
-                    f"{c['error']:+.1%}",
+                    ms(c["predicted_iter_s"]),
+                    ms(c["measured_iter_s"]),
+                    pct(c["error"]),
                 ]
                 for c in result["configs"]
             ],

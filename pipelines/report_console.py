@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pipelines.cli_common import ms, pct
 from pipelines.report_tables import NO_BASELINE
 
 FASTEST, FIRST = "*", "+"
@@ -156,12 +157,6 @@ def validation_table(validation: dict[str, Any]) -> Table:
     t.add_column("config", no_wrap=True)
     for col in ("n", "predicted", "p10-p90", "measured", "end to end", "model", "spread"):
         t.add_column(col, justify="right", no_wrap=True)
-
-    def pct(v: Any) -> str:
-        return "-" if v is None else f"{v:+.1%}"
-
-    def ms(v: Any) -> str:
-        return "-" if v is None else f"{v * 1e3:.2f}"
 
     for c in validation.get("configs") or []:
         lo, hi = c.get("predicted_p10_s"), c.get("predicted_p90_s")

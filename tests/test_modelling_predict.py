@@ -534,3 +534,32 @@ def test_a_flagged_fit_predicts_at_the_stated_link_rate_and_says_so() -> None:
     # A fit within its link has no note.
     [ok] = predict(TOY, COMM, algorithm="ssgd", comm_mode="allreduce", workers=[4])
     assert ok["note"] is None
+
+
+def test_validation_keeps_a_measured_row_for_a_configuration_it_cannot_predict() -> None:
+    """The recorded one-host grid validated with its ps fit gone: the PS runs keep their
+    measured row with the reason in place of the prediction and its errors, the allreduce run
+    is validated as before, and the summary's errors are over the predicted configurations."""
+    from modelling.fit import fit_comm, load_comm
+    from modelling.layers import load_layers
+    from modelling.validate import validate_runs
+    from tests.grid_fixtures import GRIDS
+
+    grid = GRIDS / "onehost"
+    comm = load_comm(grid / "comm.json")
+    full = validate_runs(sorted((grid / "runs").iterdir()), layers=load_layers(grid / "layers.json"),
+                         comm_model=fit_comm(comm))
+    comm["measurements"] = [m for m in comm["measurements"] if m["primitive"] not in ("ps", "p2p", "asgd")]
+    part = validate_runs(sorted((grid / "runs").iterdir()), layers=load_layers(grid / "layers.json"),
+                         comm_model=fit_comm(comm))
+    assert len(part["runs"]) == len(part["configs"]) == 4
+    for r, before in zip(part["runs"], full["runs"], strict=True):
+        assert r["measured_iter_s"] == before["measured_iter_s"] > 0
+        if r["comm"] == "allreduce":
+            assert r["no_prediction"] is None and r["error"] == before["error"]
+        else:
+            assert r["no_prediction"].startswith("comm model: no ps or p2p fits")
+            assert r["predicted_iter_s"] is None and r["error"] is None and r["error_vs_mean"] is None
+    (allreduce,) = [c for c in part["configs"] if c["comm"] == "allreduce"]
+    assert part["median_abs_error"] == part["worst_abs_error"] == abs(allreduce["error"])
+    assert part["configs_without_prediction"] == 3 and full["configs_without_prediction"] == 0

@@ -92,7 +92,7 @@ def validation_intervals(ctx: RunContext, result: dict[str, Any]) -> None:
                 values.append(predict(table, model, scenario)[0]["iter_time_s"])
             except CommModelError:
                 continue
-        by_run[r["run"]] = around(values, r["predicted_iter_s"])
+        by_run[r["run"]] = around(values, r["predicted_iter_s"]) if r["predicted_iter_s"] is not None else (None, None)
         r["predicted_p10_s"], r["predicted_p90_s"] = by_run[r["run"]]
     for c in result["configs"]:
         lows = [by_run[r][0] for r in c["runs"] if by_run.get(r, (None,))[0] is not None]
