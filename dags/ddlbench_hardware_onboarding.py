@@ -39,8 +39,13 @@ FORM = {
                     "and a physical bound of the comm fit: a faster fit is flagged."),
     "models": Param(
         ["lenet5"], type="array", minItems=1, items={"type": "string", "minLength": 1},
-        title="Models"),
-    "dataset": Param("synthetic", type="string", minLength=1, title="Dataset"),
+        examples=[list(onboarding.MODEL_EXAMPLES)], title="Models",
+        description=f"One a line: {', '.join(onboarding.MODEL_EXAMPLES)}, or any torchvision classifier "
+                    "by name. The GPT presets report tokens/s and MFU."),
+    "dataset": Param(
+        onboarding.AUTO_DATASET, type="string", minLength=1, title="Dataset",
+        description="auto: the text corpus (stdlib-text) for a GPT preset, synthetic images otherwise; "
+                    "or a dataset name for every model."),
     "algorithms": Param(
         list(onboarding.ALGORITHMS), type="array", minItems=1, uniqueItems=True,
         items={"type": "string", "enum": list(onboarding.ALGORITHMS)}, title="Algorithms"),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from training.gpt_shape import GPT_PRESETS, is_gpt
+
 # The cluster providers (infra.PROVIDER_NAMES; tests/test_dags.py holds the two together).
 PROVIDERS = ("local", "netns", "slurm", "kubernetes")
 # A form's algorithm choice -> the spec's algorithm entry.
@@ -19,6 +21,11 @@ ALGORITHMS: dict[str, dict[str, str]] = {
     "asgd": {"name": "asgd", "comm": "ps"},
     "odsgd": {"name": "odsgd", "comm": "ps"},
 }
+# The models the form suggests: ddlbench's own CNNs, a torchvision classifier, the GPT presets.
+# Any model ddlbench trains is accepted (the spec's check names one it does not know).
+MODEL_EXAMPLES: tuple[str, ...] = ("lenet5", "resnet20", "mobilenet_v3_small", *GPT_PRESETS)
+# The dataset `auto`: a GPT preset trains on the text corpus, an image model on synthetic images.
+AUTO_DATASET = "auto"
 PREDICT_UP_TO = 1024  # workers: predictions go to every power of two up to this
 LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
@@ -56,13 +63,20 @@ def overrides(params: dict[str, Any]) -> dict[str, Any]:
         "suite": "onboarding",
         "hardware": params["hardware_label"],
         "provider": {"name": params["provider"], "options": _provider_options(params)},
-        "workloads": [{"model": m, "dataset": params["dataset"]} for m in params["models"]],
+        "workloads": [{"model": m, "dataset": dataset_for(m, params["dataset"])} for m in params["models"]],
         "algorithms": [ALGORITHMS[a] for a in params["algorithms"]],
         "workers": measured,
         "repeats": 1,
         "network": {"link_bandwidth": f"{params['bandwidth_gbps']:g}gbit"},
         "what_if": {"workers": what_if},
     }
+
+
+def dataset_for(model: str, dataset: str) -> str:
+    """The form's dataset for one of its models: `auto` picks by the kind of model."""
+    if dataset != AUTO_DATASET:
+        return dataset
+    return "stdlib-text" if is_gpt(model) else "synthetic"
 
 
 def spec_of(params: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -324,6 +324,26 @@ def test_onboarding_rejects_fields_that_contradict_each_other(airflow_home: Path
     assert netns["provider"]["options"] == {"nodes": 2, "devices_per_node": 2, "bandwidth": "100gbit"}
 
 
+def test_the_onboarding_form_lists_the_gpt_presets_and_trains_them_on_text(airflow_home: Path) -> None:
+    """The form suggests every GPT preset; its default dataset (auto) gives a GPT the text corpus
+    and an image model synthetic images, and the spec made of them loads."""
+    from dags.ddlbench_hardware_onboarding import FORM
+    from pipelines.onboarding import overrides as onboarding_overrides
+    from pipelines.onboarding import spec_of
+    from pipelines.spec import load_spec
+    from training.gpt_shape import GPT_PRESETS
+
+    models = FORM["models"].schema
+    assert set(GPT_PRESETS) <= set(models["examples"][0]) and all(p in FORM["models"].description for p in GPT_PRESETS)
+    form = {name: param.value for name, param in FORM.items()} | {"models": ["lenet5", "gpt-tiny"]}
+    assert onboarding_overrides(form)["workloads"] == [{"model": "lenet5", "dataset": "synthetic"},
+                                                       {"model": "gpt-tiny", "dataset": "stdlib-text"}]
+    spec = load_spec(*spec_of(form))
+    assert [(w.model, w.dataset) for w in spec.workloads] == [("lenet5", "synthetic"), ("gpt-tiny", "stdlib-text")]
+    chosen = onboarding_overrides(form | {"dataset": "markov"})["workloads"]
+    assert {w["dataset"] for w in chosen} == {"markov"}
+
+
 # -- end to end ------------------------------------------------------------------------------
 def _task_instances(dag_id: str, run_id: str) -> list[dict[str, Any]]:
     from airflow.models.taskinstance import TaskInstance
