@@ -32,6 +32,7 @@ from scipy import optimize, special, stats
 CI_LEVEL = 0.95
 POWER = 0.95  # the detection probability `detectable_slowdown` is stated at
 QUAD_NODES = 48  # nodes of the expectation over the estimated variance
+LAGUERRE_MAX_DF = 300.0  # above it, Gamma(df/2) and the Laguerre weights leave a double's range
 CHANGE_P = 0.01  # significance of a change point (E-divisive's permutation test)
 CHANGE_PERMUTATIONS = 999
 CHANGE_MIN_SIZE = 3  # runs on each side of a change point at least
@@ -179,6 +180,11 @@ def detection_probability(slowdown: float, var: float, df: float, alpha: float, 
     if df > 1e4:  # the variance is known
         q = np.array([1.0])
         w = np.array([1.0])
+    elif df > LAGUERRE_MAX_DF:
+        # The Gauss-Laguerre weights overflow a double here; chi2(df)/df is narrow (sd
+        # sqrt(2/df) < 0.08) and nodes at equal steps of probability integrate it.
+        q = stats.chi2.ppf((np.arange(QUAD_NODES) + 0.5) / QUAD_NODES, df) / df
+        w = np.full(QUAD_NODES, 1.0 / QUAD_NODES)
     else:  # E over q ~ chi2(df)/df by generalised Gauss-Laguerre: q = 2u/df, u ~ Gamma(df/2)
         u, w = special.roots_genlaguerre(QUAD_NODES, df / 2 - 1)
         q, w = 2 * u / df, w / special.gamma(df / 2)

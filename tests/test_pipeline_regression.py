@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -475,6 +475,9 @@ def test_a_step_in_the_history_is_a_change_point_and_noise_is_none() -> None:
 
 
 @settings(max_examples=60, deadline=None)
+# Within-run noise in one history run only: a Welch-Satterthwaite df in the hundreds, where the
+# Gauss-Laguerre weights overflowed (NaN power).
+@example(xs=[0.0] * 9, now=0.0, within=[0.0] * 8 + [1.0, 0.0, 0.0], dfs=[1, 1, 1, 41, 60, 60, 60, 60, 60, 1, 1])
 @given(
     xs=st.lists(st.floats(-3, 3), min_size=2, max_size=10),
     now=st.floats(-3, 3),
@@ -520,3 +523,18 @@ def test_an_alarm_stands_only_if_its_rerun_agrees() -> None:
     failed = apply_confirmations(copy.deepcopy(found), [{"key": f"rerun-{CONFIG}", "status": "FAILED"}])
     assert failed["status"] == "regressed" and "rerun failed" in "\n".join(markdown(failed, spec))
     assert apply_confirmations(copy.deepcopy(found), None) == found
+
+
+@pytest.mark.parametrize("var", [1e-4, 1e-3, 1e-2])
+def test_the_detection_probability_is_continuous_where_its_quadrature_changes(var: float) -> None:
+    """Either side of LAGUERRE_MAX_DF the two quadratures over the estimated variance agree, and
+    the power figure is finite for every df up to the known-variance limit."""
+    from pipelines.regression_stats import LAGUERRE_MAX_DF, detectable_slowdown, detection_probability
+
+    for slowdown in (0.05, 0.1, 0.2, 0.4):
+        below = detection_probability(slowdown, var, LAGUERRE_MAX_DF, 0.01, 0.05)
+        above = detection_probability(slowdown, var, LAGUERRE_MAX_DF + 1e-6, 0.01, 0.05)
+        assert above == pytest.approx(below, abs=2e-3)
+    for df in (299.0, 301.0, 400.0, 2000.0, 9999.0):
+        d = detectable_slowdown(var, df, 0.01, 0.05)
+        assert 0.05 <= d <= 1 and math.isfinite(d)
