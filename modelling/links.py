@@ -22,8 +22,9 @@ from typing import Any
 # that buffer's worth of wire time before the link is done (docs/model-core.md).
 DEFAULT_TCP_WMEM_MAX = 4 << 20
 TCP_WMEM = Path("/proc/sys/net/ipv4/tcp_wmem")
-# A receiver's buffer, which autotuning grows up to tcp_rmem's maximum (Linux's default 6 MiB,
-# Debian's 32 MiB here), half of it data as the send buffer's is.
+# A receiver's buffer, which autotuning grows up to tcp_rmem's maximum (Linux's default 6 MiB;
+# distributions and hosts raise it, so the comm model records the host's own), half of it data
+# as the send buffer's is.
 DEFAULT_TCP_RMEM_MAX = 6 << 20
 TCP_RMEM = Path("/proc/sys/net/ipv4/tcp_rmem")
 
@@ -56,7 +57,8 @@ def socket_buffer_bytes(environment: Mapping[str, Any] | None) -> int:
     """The bytes of a send that the two ends' sockets hold while the receiver does not read:
     the send buffer's part and the receive buffer's half (tcp_rmem's recorded ceiling, else
     Linux's default). Within a node, a push that waits for its shard has that much of itself
-    there when the shard takes it (mlp's 21 MB over loopback: 18 MiB with Debian's ceilings)."""
+    there when the shard takes it (of mlp's 21 MB over loopback, 18 MiB under 4 MiB and 32 MiB
+    ceilings)."""
     ceiling = (environment or {}).get("tcp_rmem_max") or DEFAULT_TCP_RMEM_MAX
     return send_buffer_bytes(environment) + int(ceiling) // 2
 

@@ -1,6 +1,6 @@
 """The comparison report: algorithms side by side, plots, and the regression check.
 
-This module writes report.md and report.json; the tables are in `report_tables`,
+This module writes report.md and report.json; the tables are in `report_tables` and `report_validation`,
 the regression check in `report_regression`, the plots in `report_plots`, and
 every public name of them is importable from here.
 """
@@ -31,8 +31,8 @@ from pipelines.report_tables import (
     describe_load,
     host_load,
     language_model_lines,
-    validation_markdown,
 )
+from pipelines.report_validation import validation_markdown
 
 __all__ = [
     "PHASES",

@@ -64,6 +64,15 @@ def test_docs_hold_no_commit_hashes_or_dates() -> None:
         assert hashes == [], (page.name, hashes)
 
 
+def test_docs_hold_no_host_load_readings() -> None:
+    """A figure's host load is part of its provenance (the run's MLflow run, the report's host-load
+    line): the documentation states the current figures and their limits, not the conditions of
+    one measurement."""
+    reading = re.compile(r"load average|\bload \d|other work us(?:ed|ing) \d", re.IGNORECASE)
+    found = {page.name: reading.findall(page.read_text()) for page in PAGES}
+    assert {name: hits for name, hits in found.items() if hits} == {}
+
+
 def test_the_codes_design_references_name_sections_of_docs_design() -> None:
     """Code cites the design as "DESIGN §N": each N is a numbered section of docs/design.md."""
     sections = set(re.findall(r"^## (\d+)\. ", (REPO / "docs" / "design.md").read_text(), flags=re.M))

@@ -9,33 +9,22 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from training.gpt_shape import GPT_OPTIONS, GPT_PRESETS, is_gpt
 
+# The choices of the options below: a member's value is its name, so each is named once.
+Algorithm = StrEnum("Algorithm", ["ssgd", "asgd", "odsgd"])
+Comm = StrEnum("Comm", ["allreduce", "ps"])
+Compensation = StrEnum("Compensation", ["none", "dc"])
+Device = StrEnum("Device", ["cpu", "cuda"])
 
-class Algorithm(StrEnum):
-    ssgd = "ssgd"
-    asgd = "asgd"
-    odsgd = "odsgd"
-
-
-class Comm(StrEnum):
-    allreduce = "allreduce"
-    ps = "ps"
-
-
-class Compensation(StrEnum):
-    none = "none"
-    dc = "dc"
-
-
-class Device(StrEnum):
-    cpu = "cpu"
-    cuda = "cuda"
+# What makes a learning rate or a momentum valid, for the global optimizer and the local ones alike.
+LearningRate = Annotated[float, Field(gt=0)]
+Momentum = Annotated[float, Field(ge=0, lt=1)]
 
 
 class ConfigError(ValueError):
@@ -82,25 +71,25 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(32, ge=1, description="Per-worker batch size b.")
     steps: int | None = Field(None, ge=1, description="Training iterations per worker.")
     epochs: float | None = Field(None, gt=0, description="Epochs over the training split (instead of steps).")
-    lr: float = Field(0.05, gt=0, description="Learning rate of the global optimizer.")
-    momentum: float = Field(0.9, ge=0, lt=1, description="Momentum of the global optimizer.")
+    lr: LearningRate = Field(0.05, description="Learning rate of the global optimizer.")
+    momentum: Momentum = Field(0.9, description="Momentum of the global optimizer.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay of the global optimizer.")
-    lr_async: float | None = Field(
-        None, gt=0,
+    lr_async: LearningRate | None = Field(
+        None,
         description="ASGD: learning rate of the shard's optimizer, applied to each push on arrival; "
         "default lr / workers, so a round of N pushes moves about as far as one SSGD step.")
-    momentum_async: float | None = Field(
-        None, ge=0, lt=1,
+    momentum_async: Momentum | None = Field(
+        None,
         description="ASGD: momentum of the shard's optimizer (its buffer lives on the shard, as in "
         "MXNet dist_async); default momentum. 0 gives the plain rule W <- W - lr_async * g. "
         "Stale gradients add momentum of their own (Mitliagkas et al. 2016): on lenet5/digits, "
         "2 workers, 500 steps, 0.9 collapsed to chance in 2 of 10 runs, 0.8 in none of 20.")
-    lr_local: float | None = Field(
-        None, gt=0,
+    lr_local: LearningRate | None = Field(
+        None,
         description="OD-SGD: learning rate of the local update; default lr, so the local step "
         "approximates the global one (DESIGN 2).")
-    momentum_local: float | None = Field(
-        None, ge=0, lt=1,
+    momentum_local: Momentum | None = Field(
+        None,
         description="OD-SGD: momentum of the local update; default momentum. The authors' public MXNet "
         "configs use 0 with an SSGD warm-up; on lenet5/digits that reached 0.89 in 250 steps, the default "
         "0.97 (benchmarks/bench_convergence.py, variant odsgd-paper).")

@@ -6,12 +6,8 @@
 # Run as root. Idempotent: when the server already answers and the role and
 # databases exist it only checks them (about a second).
 set -euo pipefail
-# The daemons started here must not inherit the caller's descriptors: one started under
-# `flock /tmp/ddlbench-cluster.lock` would hold the cluster lock for as long as it runs.
-for fd in /proc/$$/fd/*; do
-  fd=${fd##*/}
-  case "$fd" in 0|1|2|255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
-done
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/_common.sh"
+close_inherited_fds
 
 PG_ROLE=${DDLBENCH_PG_ROLE:-ddlbench}
 PG_PASSWORD=${DDLBENCH_PG_PASSWORD:-ddlbench}

@@ -17,12 +17,8 @@
 # (its socket is a file, so it works across network namespaces). Idempotent: when the
 # cluster answers with its nodes up, it only makes sure they accept jobs.
 set -euo pipefail
-# The daemons started here must not inherit the caller's descriptors: one started under
-# `flock /tmp/ddlbench-cluster.lock` would hold the cluster lock for as long as it runs.
-for fd in /proc/$$/fd/*; do
-  fd=${fd##*/}
-  case "$fd" in 0|1|2|255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
-done
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/_common.sh"
+close_inherited_fds
 
 action=${1:-start}
 nodes=${SLURM_CLUSTER_NODES:-2}
@@ -39,8 +35,6 @@ slurmd_port=6918
 export SLURM_CONF=$conf
 
 ns_of() { echo "ddlbench-slurm-$1"; }
-# a daemon that died unreaped (a zombie) is not alive
-pid_alive() { [ -f "$1" ] && ps -o stat= -p "$(cat "$1")" 2>/dev/null | grep -qv '^Z'; }
 
 stop_cluster() {
   local pidfile ns
@@ -82,14 +76,7 @@ fi
 case "$nodes" in [1-9]) ;; *) echo "SLURM_CLUSTER_NODES: expected 1 to 9 nodes, got $nodes" >&2; exit 2 ;; esac
 case "$rate" in [0-9]*bit) ;; *) echo "SLURM_CLUSTER_RATE: expected a rate in tc bit units (200mbit), got $rate" >&2; exit 2 ;; esac
 
-for cmd in munged slurmctld slurmd sbatch unshare tc; do
-  if ! command -v "$cmd" >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client iproute2 util-linux >/dev/null
-    break
-  fi
-done
+ensure_commands munged slurmctld slurmd sbatch unshare tc -- munge slurmctld slurmd slurm-client iproute2 util-linux
 
 names=()
 for i in $(seq 0 $((nodes - 1))); do names+=("snode$i"); done
@@ -149,27 +136,14 @@ ClusterName=ddlbench-multi
 SlurmctldHost=$host($net.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
 StateSaveLocation=$spool/ctld
 SlurmdSpoolDir=$spool/%n
 SlurmctldPidFile=$run/slurmctld.pid
 SlurmdPidFile=$run/slurmd-%n.pid
 SlurmctldLogFile=$logs/slurmctld.log
 SlurmdLogFile=$logs/slurmd-%n.log
-AuthType=auth/munge
-# No cgroups in a container: track processes by parent pid, no task binding.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-MinJobAge=600
-KillWait=5
 CONF
+    slurm_conf_common
     for i in $(seq 0 "$last"); do
       echo "NodeName=snode$i NodeHostname=snode$i NodeAddr=$net.$((i + 2)) CPUs=$cpus RealMemory=$mem State=UNKNOWN"
     done
@@ -177,11 +151,7 @@ CONF
   } >"$conf"
 fi
 
-if ! pgrep -x munged >/dev/null; then
-  [ -f /etc/munge/munge.key ] || mungekey --create
-  chown -R munge:munge /etc/munge /var/lib/munge /var/log/munge /run/munge 2>/dev/null || true
-  runuser -u munge -- /usr/sbin/munged
-fi
+start_munged
 pid_alive "$run/slurmctld.pid" || slurmctld -f "$conf"
 for i in $(seq 0 "$last"); do
   mkdir -p "$spool/snode$i"
@@ -191,10 +161,7 @@ for i in $(seq 0 "$last"); do
     nsenter --net="/run/netns/$(ns_of "$i")" unshare --uts sh -c "hostname snode$i && exec slurmd -f $conf"
 done
 
-for _ in $(seq 1 100); do
-  scontrol ping 2>/dev/null | grep -q UP && break
-  sleep 0.2
-done
+wait_slurmctld 100 || true
 for _ in $(seq 1 100); do
   up && break
   state=$(sinfo -h -N -o %t 2>/dev/null || true)

@@ -1,0 +1,75 @@
+"""The report's "Predicted vs measured" section: the model's predictions beside the training
+runs' measured iterations, per configuration, and every prediction with its p10-p90 interval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.2f}"
+
+
+def _interval(lo: float | None, hi: float | None) -> str:
+    return "-" if lo is None or hi is None else f"{lo * 1e3:.2f}-{hi * 1e3:.2f}"
+
+
+def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
+    """Per configuration: the end-to-end error (the DAG fed with the profile), the model's error
+    (fed with the run's own in-situ layer compute), the repeats' spread, and the prediction's
+    p10-p90; then every prediction, the what-if sizes too, with its interval."""
+    if not validation or not validation.get("configs"):
+        return ["No validation (profile, microbench or training skipped or failed)."]
+    md = [
+        "End-to-end error: the DAG fed with the profile, as for a configuration not run. Model error: the "
+        "DAG fed with the run's own per-layer compute, measured in situ; it leaves what the model itself "
+        "gets wrong. Repeat spread: max/min - 1 of the repeats' measured iteration, the noise floor under "
+        "which an error means nothing.",
+        "",
+        "| configuration | repeats | predicted ms (p10-p90) | measured ms | end-to-end error | model error "
+        "| repeat spread |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in validation["configs"]:
+        where = "" if c.get("placement") in (None, "one host") else f" ({c['placement']})"
+        md.append(
+            f"| {c['model']} {c['algorithm']}-{c['comm']} w{c['workers']} b{c['batch_size']}{where} | {c['repeats']} "
+            f"| {_ms(c['predicted_iter_s'])} ({_interval(c.get('predicted_p10_s'), c.get('predicted_p90_s'))}) "
+            f"| {_ms(c['measured_iter_s'])} | {_pct(c['error'])} | {_pct(c.get('model_error'))} "
+            f"| {_pct(c.get('repeat_spread'))} |"
+        )
+    v = validation
+    md += [
+        "",
+        f"Median |end-to-end error| {_abs(v.get('median_abs_error'))}, worst {_abs(v.get('worst_abs_error'))}; "
+        f"median |model error| {_abs(v.get('median_abs_model_error'))}, worst {_abs(v.get('worst_abs_model_error'))}; "
+        f"repeat spread median {_abs(v.get('median_repeat_spread'))}, worst {_abs(v.get('worst_repeat_spread'))}.",
+    ]
+    inputs = v.get("interval_inputs") or {}
+    preds = v.get("predictions") or []
+    if preds:
+        md += [
+            "",
+            "### Predictions with their intervals",
+            "",
+            f"p10-p90 of the predictions re-made from each of the {inputs.get('profile_rounds', '?')} profile "
+            f"rounds with each of the {inputs.get('microbench_rounds', '?')} microbenchmark rounds.",
+            "",
+            "| workload | algorithm | workers | link | iter ms | p10-p90 ms | what-if |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        md += [
+            f"| {p['workload']} b{p['batch_size']} | {p['algorithm']} | {p['workers']} | {p['link_bandwidth']} "
+            f"| {_ms(p['iter_time_s'])} | {_interval(p.get('iter_time_p10_s'), p.get('iter_time_p90_s'))} "
+            f"| {'yes' if p.get('what_if') else ''} |"
+            for p in preds
+        ]
+    return md
+
+
+def _abs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
