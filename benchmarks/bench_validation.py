@@ -27,7 +27,7 @@ SPECS = REPO / "specs" / "validation"
 TARGET, NETNS_TARGET = 0.10, 0.05  # median |error| on one host, on shaped links (worst 10%)
 
 
-def show(spec: Path, run_dir: Path) -> None:
+def show(spec: Path, run_dir: Path, wall_s: float) -> None:
     report = json.loads((run_dir / "report" / "report.json").read_text())["validation"]
     val = json.loads((run_dir / "validate" / "validation.json").read_text())
     print(f"{'configuration':<40} {'n':>2} {'predicted ms':>13} {'p10-p90':>13} {'measured ms':>12} "
@@ -52,6 +52,13 @@ def show(spec: Path, run_dir: Path) -> None:
               f"worst {mworst:.1%}")
     print(f"repeat spread: median {report['median_repeat_spread']:.1%}, worst {report['worst_repeat_spread']:.1%}; "
           f"over {len(val['configs'])} configurations")
+    # The pipeline's cost around training: its whole wall time shared over the training jobs,
+    # against a job's own training time (summary.json train_time_s).
+    trained = [json.loads(p.read_text()).get("train_time_s") or 0.0 for p in run_dir.glob("train/*/summary.json")]
+    if trained:
+        per_job, own = wall_s / len(trained), sum(trained) / len(trained)
+        print(f"wall time per training job {per_job:.1f} s against its training time {own:.1f} s "
+              f"(ratio {per_job / own:.2f}; {len(trained)} jobs, {wall_s:.0f} s in all)")
 
 
 def main() -> None:
@@ -78,7 +85,7 @@ def main() -> None:
             if proc.returncode != 0:
                 print(proc.stdout[-3000:] + proc.stderr[-3000:])
                 continue
-            show(spec, args.home / "runs" / key)
+            show(spec, args.home / "runs" / key, time.monotonic() - t0)
 
 
 if __name__ == "__main__":
