@@ -79,17 +79,23 @@ class RankDevice:
                 "gpu_model": torch.cuda.get_device_name(self.device), **self.extra}
 
 
-def rank_device(name: str, rank: int, n: int, workers: Any, timeout: timedelta) -> RankDevice:
-    """This rank's device: the cpu, or for a cuda worker its GPU by LOCAL_RANK (a shard keeps
-    to the host). Collective on cuda: the workers' GPUs are compared to choose the allreduce's
-    group, the same on every rank."""
+def pin_device(name: str, n: int) -> torch.device:
+    """This rank's device, set before its process group starts as training's is: the cpu, or for
+    a cuda worker (RANK below `n`) its GPU by LOCAL_RANK; a shard keeps to the host."""
+    if name != "cuda" or int(os.environ.get("RANK", 0)) >= n:
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def rank_device(name: str, device: torch.device, rank: int, n: int, workers: Any,
+                timeout: timedelta | None) -> RankDevice:
+    """Where this rank's allreduce runs, on `device` (pin_device's). Collective on cuda: the
+    workers' GPUs are compared to choose the allreduce's group, the same on every rank."""
     if name != "cuda":
-        return RankDevice(name, torch.device("cpu"), workers)
-    device = torch.device("cpu")
-    if rank < n:
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        device = torch.device("cuda", local % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+        return RankDevice(name, device, workers)
     gpus: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gpus, _gpu_id(device) if rank < n else None)
     shared = len(set(gpus[:n])) < n

@@ -48,7 +48,7 @@ from modelling.microbench_clock import (  # noqa: F401  (clock_offsets, _timed, 
     host_busy_s,
     trimmed_mean,
 )
-from modelling.microbench_device import backend_of, rank_device
+from modelling.microbench_device import backend_of, pin_device, rank_device
 from modelling.records import SCHEMA_VERSION
 
 ASGD_PASSES = 50  # the most passes per worker and size that ASGD's pattern is timed for
@@ -109,10 +109,12 @@ def run(out: Path) -> int:
     gap = spec["gap_s"]
     timeout = timedelta(seconds=spec["timeout_s"])
     torch.set_num_threads(1)
-    dist.init_process_group(backend=backend_of(spec.get("device", "cpu")), timeout=timeout)
+    device = spec.get("device", "cpu")  # modelling/microbench_device.py
+    pinned = pin_device(device, n)
+    dist.init_process_group(backend=backend_of(device), timeout=timeout)
     rank = dist.get_rank()
     workers = dist.new_group(ranks=list(range(n)), timeout=timeout)
-    dev = rank_device(spec.get("device", "cpu"), rank, n, workers, timeout)  # modelling/microbench_device.py
+    dev = rank_device(device, pinned, rank, n, workers, timeout)
     rows: list[dict[str, Any]] = []
     placement = out / "placement.json"  # written by modelling.microbench before the launch
     placed = {"node_of_rank": json.loads(placement.read_text())["node_of_rank"]} if placement.exists() else {}

@@ -17,7 +17,7 @@ import torch
 
 from modelling.configs import MicrobenchConfig
 from modelling.microbench import run_config, run_microbench
-from modelling.microbench_device import rank_device
+from modelling.microbench_device import pin_device, rank_device
 
 REPO = Path(__file__).resolve().parent.parent
 NO_CUDA = not torch.cuda.is_available()
@@ -63,7 +63,7 @@ def test_run_config_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
 
 
 def test_a_cpu_rank_device_is_the_host_with_nothing_to_record() -> None:
-    dev = rank_device("cpu", 0, 2, None, None)
+    dev = rank_device("cpu", pin_device("cpu", 2), 0, 2, None, None)
     assert (dev.device.type, dev.pin, dev.environment()) == ("cpu", False, {})
     buf = torch.ones(4)
     dev.allreduce_op(buf, active=False)()  # a shard's allreduce: nothing to do, no group needed
