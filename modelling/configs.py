@@ -96,6 +96,9 @@ class MicrobenchConfig(MicrobenchSettings):
     gap_s: float = Field(
         0.002, ge=0, le=10, description="Computation before each timed operation, as a training step's."
     )
+    device: Device = Field(
+        Device.cpu, description="cpu, or cuda: the allreduce on GPU tensors (NCCL), each worker on its GPU."
+    )
 
     @field_validator("sizes")
     @classmethod

@@ -4,6 +4,7 @@ The ranks (modelling/microbench_rank.py) run through an infra provider's
 `run(Job(...))`, so they cross the same network training crosses: allreduce
 over the N workers, point-to-point between ranks 0 and 1, and parameter-server
 push/pull rounds of N workers to S shards at once, over log-spaced sizes.
+With device cuda the allreduce runs on the workers' GPUs (modelling/microbench_device.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 
 from modelling.configs import DEFAULT_SIZES, MicrobenchConfig
 from modelling.fit import load_comm
+from training.config import Device
 
-__all__ = ["DEFAULT_SIZES", "MicrobenchConfig", "MicrobenchFailed", "run_config", "run_microbench"]
+__all__ = ["DEFAULT_SIZES", "MicrobenchConfig", "MicrobenchFailed", "cuda_missing", "run_config", "run_microbench"]
 
 
 _DEFAULT = MicrobenchConfig.model_fields
@@ -36,6 +38,7 @@ def run_microbench(
     timeout_s: float = _DEFAULT["timeout_s"].default,
     link_bytes_per_s: float | None = None,
     gap_s: float = _DEFAULT["gap_s"].default,
+    device: str = _DEFAULT["device"].default.value,
     echo: bool = False,
 ) -> dict[str, Any]:
     """Measure, write out_dir/comm.json and return its content. Every timed operation
@@ -50,20 +53,35 @@ def run_microbench(
         timeout_s=timeout_s,
         link_bytes_per_s=link_bytes_per_s,
         gap_s=gap_s,
+        device=device,
     )
     return run_config(config, Path(out_dir), provider=provider, echo=echo)
 
 
+def cuda_missing(config: MicrobenchConfig) -> str | None:
+    """Why `config`, a cuda microbenchmark, cannot run on this host (None for cpu, or a GPU here)."""
+    if config.device is not Device.cuda:
+        return None
+    from modelling.microbench_device import no_cuda_reason
+
+    return no_cuda_reason()
+
+
 def run_config(config: MicrobenchConfig, out_dir: Path, *, provider=None, echo: bool = False) -> dict[str, Any]:
-    """run_microbench of a MicrobenchConfig."""
+    """run_microbench of a MicrobenchConfig; ValueError, before any rank starts, for a cuda
+    microbenchmark on a host without a GPU."""
     from infra import Job
 
+    if why := cuda_missing(config):
+        raise ValueError(f"microbench.device: cuda, but {why}")
     if provider is None:
         from infra.local import LocalProvider
 
         provider = LocalProvider()
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = {**config.model_dump(mode="json"), "sizes": config.measured_sizes}
+    # A cpu job's spec without the device, as before there was a choice: the ranks read cpu.
+    dump = config.model_dump(mode="json", exclude={"device"} if config.device is Device.cpu else None)
+    spec = {**dump, "sizes": config.measured_sizes}
     (out_dir / "microbench.json").write_text(json.dumps(spec, indent=2))
     (out_dir / "comm.json").unlink(missing_ok=True)
     job = Job(

@@ -11,6 +11,7 @@ cost while the others compute. Every rank stamps every operation on rank 0's clo
 reads the host's busy CPU time around every allreduce and PS loop (host_cpu_s): where
 every rank shares one host (loopback, or an emulated cluster of network namespaces),
 what the host's cores spend on moving the bytes, in the ranks and in the kernel.
+With device cuda the allreduce runs on GPU tensors (modelling/microbench_device.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from modelling.microbench_clock import (  # noqa: F401  (clock_offsets, _timed, 
     host_busy_s,
     trimmed_mean,
 )
+from modelling.microbench_device import backend_of, pin_device, rank_device
 from modelling.records import SCHEMA_VERSION
 
 ASGD_PASSES = 50  # the most passes per worker and size that ASGD's pattern is timed for
@@ -107,9 +109,12 @@ def run(out: Path) -> int:
     gap = spec["gap_s"]
     timeout = timedelta(seconds=spec["timeout_s"])
     torch.set_num_threads(1)
-    dist.init_process_group(backend="gloo", timeout=timeout)
+    device = spec.get("device", "cpu")  # modelling/microbench_device.py
+    pinned = pin_device(device, n)
+    dist.init_process_group(backend=backend_of(device), timeout=timeout)
     rank = dist.get_rank()
     workers = dist.new_group(ranks=list(range(n)), timeout=timeout)
+    dev = rank_device(device, pinned, rank, n, workers, timeout)
     rows: list[dict[str, Any]] = []
     placement = out / "placement.json"  # written by modelling.microbench before the launch
     placed = {"node_of_rank": json.loads(placement.read_text())["node_of_rank"]} if placement.exists() else {}
@@ -120,9 +125,9 @@ def run(out: Path) -> int:
     one_host = len(set(hosts)) == 1  # every rank on this host's cores: measure what comm costs them
     for nbytes in spec["sizes"]:
         numel = max(nbytes // 4, 1)
-        buf = torch.ones(numel)
+        buf = torch.ones(numel, pin_memory=dev.pin)
         if n > 1:
-            op = lambda b=buf: dist.all_reduce(b, group=workers) if rank < n else None  # noqa: E731
+            op = dev.allreduce_op(buf, rank < n)
             busy = host_busy_s() if rank == 0 else None
             stamps = _timed(op, repeats, gap, computes=rank < n, offset_s=offset)
             row = _row("allreduce", n, 0, numel * 4, _round_times(stamps, range(n)))
@@ -137,7 +142,7 @@ def run(out: Path) -> int:
         if s:
             # Receive buffers made once, as the trainer's are: a fresh large tensor per round
             # would time the kernel's page faults and zeroing, not the transfer.
-            recv = _push_pull_buffers(numel, rank, n, s)
+            recv = _push_pull_buffers(numel, rank, n, s, dev.pin)
             posts: list[float] = []
             busy = host_busy_s() if rank == 0 else None
             stamps = _timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
@@ -170,7 +175,7 @@ def run(out: Path) -> int:
             "measurements": rows,
             # One hostname may hold several nodes (network namespaces): count both.
             "environment": _environment(n + s)
-            | {"hosts": len(set(hosts)), "nodes": len(set(placed.get("node_of_rank", [0])))},
+            | {"hosts": len(set(hosts)), "nodes": len(set(placed.get("node_of_rank", [0])))} | dev.environment(),
         }
         (out / "comm.json").write_text(json.dumps(comm, indent=2))
     dist.destroy_process_group()
@@ -187,10 +192,10 @@ def _ping_pong(buf: torch.Tensor, rank: int, a: int = 0, b: int = 1) -> None:
         dist.send(buf, a)
 
 
-def _push_pull_buffers(numel: int, rank: int, n: int, s: int) -> list[torch.Tensor]:
-    """A worker's pull buffer (the whole vector), or a shard's N push buffers."""
+def _push_pull_buffers(numel: int, rank: int, n: int, s: int, pin: bool = False) -> list[torch.Tensor]:
+    """A worker's pull buffer (the whole vector, pinned where `pin`), or a shard's N push buffers."""
     if rank < n:
-        return [torch.zeros(numel)]
+        return [torch.zeros(numel, pin_memory=pin)]
     a, b = _shards(numel, s)[rank - n]
     return [torch.zeros(b - a) for _ in range(n)]
 

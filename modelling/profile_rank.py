@@ -28,7 +28,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.rendezvous import rendezvous
 
-from modelling.profiler import PROFILE_JOB, PROFILE_RESULT, build_profiled, device_clock, profile_table, timed_iteration
+from modelling.profiler import PROFILE_JOB, PROFILE_RESULT, build_profiled, profile_table, timed_iteration
+from training.device_timer import timer_for
 
 _DONE = "ddlbench/profile-done"  # set in torchrun's store by rank 0 when it has measured
 
@@ -69,9 +70,9 @@ def run(out: Path) -> int:
             tmp.replace(out / PROFILE_RESULT)
         else:
             doing = "contending with the measuring rank"
-            now, step = device_clock(dev), 0
+            timer, step = timer_for(dev), 0
             while not store.check([_DONE]):
-                timed_iteration(net, opt, train, sampler, step, dev, now)
+                timed_iteration(net, opt, train, sampler, step, dev, timer)
                 step += 1
         doing = "finishing"
         dist.barrier()

@@ -9,8 +9,9 @@ parameter-free modules (activations, pooling, the loss) lands on the next layer
 that owns parameters. Each layer's median is then scaled so the layers add up
 to the median whole forward+backward pass (`layer_time_scale`): on a
 time-shared CPU, preemptions land in a different layer each repeat and
-per-layer medians alone would drop them. On CUDA the clock synchronises the
-device first.
+per-layer medians alone would drop them. On CUDA the stamps are CUDA events on
+the current stream, read after one synchronize per iteration, as the in-situ
+sampling's are (training/device_timer.py): a host clock would time kernel launches.
 
 The profile runs as a job through a cluster provider, in fresh processes that
 torchrun starts (modelling/profile_rank.py), as training does (DESIGN §1): never
@@ -23,13 +24,13 @@ figures are rank 0's.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -85,39 +86,31 @@ def build_profiled(
     return net, opt, train, sampler, shape, dev
 
 
-def device_clock(dev):
-    import torch
-
-    if dev.type == "cuda":
-
-        def now() -> float:
-            torch.cuda.synchronize(dev)
-            return time.perf_counter()
-
-        return now
-    return time.perf_counter
-
-
-def timed_iteration(net, opt, train, sampler, step: int, dev, now) -> dict[str, float]:
+def timed_iteration(net, opt, train, sampler, step: int, dev, timer) -> dict[str, Any]:
+    """One training iteration stamped by `timer` (training/device_timer.py) and settled: the
+    data and update spans in seconds, and the stamps that bound the forward and backward,
+    for `timer.elapsed` against the layers' own."""
     import torch.nn.functional as F
 
     from training.models import logits_of
 
-    t0 = now()
+    t0 = timer.stamp()
     x, y = train.batch(sampler.indices(step, 0))
     x, y = x.to(dev), y.to(dev)
-    t1 = now()
+    t1 = timer.stamp()
     loss = F.cross_entropy(logits_of(net(x)), y)
-    t2 = now()
+    t2 = timer.stamp()
     loss.backward()
-    t3 = now()
+    t3 = timer.stamp()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    t4 = now()
-    return {"data": t1 - t0, "fwd_start": t1, "fwd_end": t2, "bwd_start": t2, "bwd_end": t3, "update": t4 - t3}
+    t4 = timer.stamp()
+    timer.settle()
+    return {"data": timer.elapsed(t0, t1), "fwd_start": t1, "fwd_end": t2, "bwd_start": t2, "bwd_end": t3,
+            "update": timer.elapsed(t3, t4)}
 
 
-def _flat_ops(net, repeats: int, now) -> dict[str, float]:
+def _flat_ops(net, repeats: int, timer) -> dict[str, float]:
     """What the PS client, the server loop and DDP do with flat buffers."""
     import torch
 
@@ -131,25 +124,27 @@ def _flat_ops(net, repeats: int, now) -> dict[str, float]:
     sgd = torch.optim.SGD([server], lr=0.01, momentum=0.9)
     times: dict[str, list[float]] = {"pack_s": [], "unpack_s": [], "server_update_s": [], "server_add_s": []}
     for _ in range(repeats + 1):
-        t0 = now()
+        t0 = timer.stamp()
         offset = 0
         for p in params:  # PSClient.gather_grads
             flat[offset : offset + p.numel()].view_as(p).copy_(p.grad)
             offset += p.numel()
-        t1 = now()
+        t1 = timer.stamp()
         with torch.no_grad():
             offset = 0
             for p in params:  # PSClient.load_into_params
                 p.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
-        t2 = now()
+        t2 = timer.stamp()
         other.div_(2.0)  # the sync server (training/ps.py): average, then the optimizer step
         server.grad = other
         sgd.step()
-        t3 = now()
+        t3 = timer.stamp()
         other.add_(flat)  # each further worker's push adds one pass
-        t4 = now()
-        for key, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+        t4 = timer.stamp()
+        timer.settle()
+        spans = (timer.elapsed(t0, t1), timer.elapsed(t1, t2), timer.elapsed(t2, t3), timer.elapsed(t3, t4))
+        for key, dt in zip(times, spans, strict=True):
             times[key].append(dt)
     for p in params:
         p.grad = None
@@ -292,24 +287,31 @@ def profile_table(job: dict[str, Any], net, opt, train, sampler, shape, dev) -> 
 
 
 def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[str, Any]:
-    now = device_clock(dev)
+    from training.device_timer import timer_for
+
+    timer = timer_for(dev)
     names = {m: n for n, m in net.named_modules()}
     owners = [m for m in net.modules() if any(True for _ in m.parameters(recurse=False))]
-    fwd_stamp: dict[Any, float] = {}
+    # Each layer's last stamp, with its place in stamping order: CUDA events do not sort by time.
+    seq = itertools.count()
+    fwd_stamp: dict[Any, tuple[int, Any]] = {}
     out_bytes: dict[Any, int] = {}
-    grad_stamp: dict[Any, float] = {}
+    grad_stamp: dict[Any, tuple[int, Any]] = {}
     handles = []
 
     def on_forward(module, _inputs, output) -> None:
-        fwd_stamp[module] = now()
+        fwd_stamp[module] = (next(seq), timer.stamp())
         if hasattr(output, "numel"):
             out_bytes[module] = output.numel() * output.element_size()
+
+    def on_grad(m) -> None:
+        grad_stamp[m] = (next(seq), timer.stamp())
 
     for m in owners:
         handles.append(m.register_forward_hook(on_forward))
         for p in m.parameters(recurse=False):
             if p.requires_grad:
-                handles.append(p.register_post_accumulate_grad_hook(lambda _p, m=m: grad_stamp.__setitem__(m, now())))
+                handles.append(p.register_post_accumulate_grad_hook(lambda _p, m=m: on_grad(m)))
     per_layer: dict[Any, dict[str, list[float]]] = {m: {"fwd": [], "bwd": []} for m in owners}
     data, update, compute, passes = [], [], [], []
     order: list[Any] = []
@@ -317,22 +319,22 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
         for step in range(warmup + repeats):
             fwd_stamp.clear()
             grad_stamp.clear()
-            it = timed_iteration(net, opt, train, sampler, step, dev, now)
+            it = timed_iteration(net, opt, train, sampler, step, dev, timer)
             if step < warmup:
                 continue
-            order = sorted(fwd_stamp, key=fwd_stamp.get)
+            order = sorted(fwd_stamp, key=lambda m: fwd_stamp[m][0])
             prev = it["fwd_start"]
             for m in order:
-                per_layer[m]["fwd"].append(fwd_stamp[m] - prev)
-                prev = fwd_stamp[m]
-            per_layer[order[-1]]["fwd"][-1] += it["fwd_end"] - prev  # the loss
+                per_layer[m]["fwd"].append(timer.elapsed(prev, fwd_stamp[m][1]))
+                prev = fwd_stamp[m][1]
+            per_layer[order[-1]]["fwd"][-1] += timer.elapsed(prev, it["fwd_end"])  # the loss
             prev = it["bwd_start"]
-            for m in sorted(grad_stamp, key=grad_stamp.get):
-                per_layer[m]["bwd"].append(grad_stamp[m] - prev)
-                prev = grad_stamp[m]
+            for m in sorted(grad_stamp, key=lambda m: grad_stamp[m][0]):
+                per_layer[m]["bwd"].append(timer.elapsed(prev, grad_stamp[m][1]))
+                prev = grad_stamp[m][1]
             data.append(it["data"])
             update.append(it["update"])
-            passes.append(it["bwd_end"] - it["fwd_start"])
+            passes.append(timer.elapsed(it["fwd_start"], it["bwd_end"]))
             compute.append(it["data"] + passes[-1] + it["update"])
     finally:
         for h in handles:
@@ -370,5 +372,5 @@ def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[s
         "data_spread_s": _spread(data),
         # Whole iterations, for the straggler term of synchronous algorithms.
         "iteration_samples_s": compute,
-        **_flat_ops(net, repeats, now),
+        **_flat_ops(net, repeats, timer),
     }

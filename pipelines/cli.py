@@ -130,3 +130,7 @@ _register()
 
 def main() -> None:
     cli()
+
+
+if __name__ == "__main__":  # `python -m pipelines.cli`, as scripts/gpu_check.py runs it without the entry point
+    main()

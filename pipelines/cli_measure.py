@@ -80,10 +80,16 @@ profile = ConfigCommand(
 
 
 def _microbench(out: Path, link_bandwidth: float | None, **options: Any) -> None:
-    from modelling.microbench import MicrobenchFailed, run_config
+    from modelling.microbench import MicrobenchFailed, cuda_missing, run_config
 
     try:
         config = MicrobenchConfig.of("microbench", link_bytes_per_s=link_bandwidth, **_given(options))
+    except ValueError as err:
+        fail(err)
+    if why := cuda_missing(config):  # one line, before any rank starts to find no GPU on its own
+        click.echo(f"ddlbench microbench: --device cuda: {why}", err=True)
+        sys.exit(2)
+    try:
         comm = run_config(config, out)
     except ValueError as err:
         fail(err)

@@ -135,7 +135,15 @@ def microbench_cuda(out: Path, timeout_s: float) -> str:
     ddlbench(["microbench", "--device", DEVICE, "--workers", "2", "--servers", "1", "--repeats", "3",
               "--out", str(out)], timeout_s, out / "microbench.log")
     doc = json.loads((out / "comm.json").read_text())
-    return f"{len(doc.get('measurements') or doc.get('rows') or [])} measurements in {out / 'comm.json'}"
+    env = doc.get("environment") or {}
+    device = env.get("device", "cpu")  # a cpu comm.json has no device entry
+    if device != DEVICE:
+        raise Failed(f"{out / 'comm.json'} was measured on {device}, not {DEVICE}")
+    rows = doc.get("measurements") or []
+    if not any(r.get("primitive") == "allreduce" for r in rows):
+        raise Failed(f"{out / 'comm.json'} has no allreduce")
+    where = f"{env.get('allreduce_backend', 'gloo')} on {env.get('gpu_model') or device}"
+    return f"{len(rows)} measurements, allreduce over {where}, in {out / 'comm.json'}"
 
 
 def pipeline_run(out: Path, timeout_s: float) -> str:

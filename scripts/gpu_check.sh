@@ -6,9 +6,11 @@
 #   bash scripts/gpu_check.sh [--out DIR] [--budget-s SECONDS]
 #
 # Checks (scripts/gpu_check.py): layer profiles of resnet50 and the transformer workload
-# (gpt-mini) on CUDA; a PS job with 1 worker and 1 shard on CUDA (pinned host buffers);
-# ASGD and OD-SGD with 2 workers sharing the GPU over gloo; the microbenchmark on CUDA; a
-# `ddlbench run` of specs/gpu-check.yaml ending FINISHED with predictions. It writes
+# (gpt-mini) on CUDA, timed with CUDA events; a PS job with 1 worker and 1 shard on CUDA
+# (pinned host buffers); ASGD and OD-SGD with 2 workers sharing the GPU over gloo; the
+# microbenchmark with --device cuda (the allreduce on GPU tensors: NCCL, or gloo where the
+# workers share one GPU); a `ddlbench run` of specs/gpu-check.yaml ending FINISHED with
+# predictions. It writes
 # DIR/summary.json (default gpu-check/): each check's status, seconds and detail.
 # DDLBENCH_PYTHON: an interpreter that has ddlbench installed (skips scripts/setup.sh).
 set -euo pipefail

@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from training.device_timer import timer_for
 
 INSITU_FILE = "layers_insitu.json"
 EVERY_ENV = "DDLBENCH_LAYER_TIMING_EVERY"
@@ -47,7 +48,8 @@ class LayerTimer:
 
     def __init__(self, net: nn.Module, device: torch.device, every: int, warmup: int) -> None:
         self.every, self.warmup = every, warmup
-        self.cuda = device.type == "cuda"
+        self.timer = timer_for(device)  # CUDA events on a GPU (training/device_timer.py)
+        self.cuda = self.timer.cuda
         self.names = {m: n for n, m in net.named_modules()}
         self.owners = [m for m in net.modules() if any(True for _ in m.parameters(recurse=False))]
         self.samples: list[dict[nn.Module, tuple[float, float]]] = []
@@ -59,14 +61,10 @@ class LayerTimer:
         self._bstart: Any = None
 
     def _stamp(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        return self.timer.stamp()
 
     def _elapsed(self, a: Any, b: Any) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        return self.timer.elapsed(a, b)
 
     def arm(self, step: int) -> None:
         """Before the forward of `step`: hooks on, if this iteration is sampled."""
@@ -100,8 +98,7 @@ class LayerTimer:
         for h in self._handles:
             h.remove()
         self._handles = []
-        if self.cuda:
-            torch.cuda.synchronize()
+        self.timer.settle()
         fwd: dict[nn.Module, float] = {}
         bwd: dict[nn.Module, float] = {}
         prev = self._start
