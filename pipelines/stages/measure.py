@@ -99,7 +99,7 @@ def microbench(ctx: RunContext) -> dict:
                     comm = run_microbench(
                         n, spec.servers, ctx.paths.microbench(n) / f"r{i}", provider=p, sizes=plan["sizes"],
                         repeats=mb.repeats, timeout_s=mb.timeout_s, link_bytes_per_s=spec.network.bytes_per_s,
-                        gap_s=gap,
+                        gap_s=gap, device=spec.train.get("device", "cpu"),  # as training communicates
                     )
                     rounds.setdefault(n, []).append(comm)
         for n, comms in rounds.items():
