@@ -30,7 +30,13 @@ if __name__ == "__main__":
         offset_s=offsets[rank],
     )
     aligned = _round_times(stamps, range(2))
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, stamps)
     if rank == 0:
         own = [end - start for start, end in stamps]
-        Path(sys.argv[1], "clock.json").write_text(json.dumps({"offsets": offsets, "own": own, "aligned": aligned}))
+        # How much later rank 1 started than rank 0, on rank 0's clock: LATE_S, give or take the
+        # barrier's release skew between the two ranks.
+        late = [s1 - s0 for (s0, _), (s1, _) in zip(every[0], every[1], strict=True)]
+        Path(sys.argv[1], "clock.json").write_text(
+            json.dumps({"offsets": offsets, "own": own, "aligned": aligned, "late": late}))
     dist.destroy_process_group()

@@ -20,8 +20,10 @@ def test_an_operation_is_timed_from_its_last_ranks_arrival_on_one_clock(tmp_path
     # half round trip on loopback.
     assert clock["offsets"][0] == 0.0
     assert all(abs(o) < 2e-3 for o in clock["offsets"]), clock["offsets"]
-    # Rank 0 waited for rank 1 in every repeat; from rank 1's arrival the allreduce of 4 KiB
-    # on loopback takes a fraction of the 30 ms that rank 0's own clock counts.
-    assert min(clock["own"]) >= LATE_S * 0.9, clock["own"]
+    # Rank 1 arrived late by LATE_S give or take the barrier's release skew (a scheduler's
+    # slice or two on a busy host), and rank 0 waited for it in every repeat; from rank 1's
+    # arrival the allreduce of 4 KiB on loopback takes a fraction of what rank 0's own clock counts.
+    assert min(clock["late"]) > LATE_S / 2, clock["late"]
+    assert all(own >= late for own, late in zip(clock["own"], clock["late"], strict=True)), clock
     assert statistics.median(clock["aligned"]) < LATE_S / 2, clock["aligned"]
     assert all(0 <= a < own for a, own in zip(clock["aligned"], clock["own"], strict=True))
