@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.cli_common import ms, pct
+from pipelines.report_validation import ms, ms_interval, pct
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs" / "validation"
@@ -34,7 +34,7 @@ def show(spec: Path, run_dir: Path, wall_s: float) -> None:
           f"{'error':>8} {'model':>8} {'spread':>7}")
     for c in val["configs"]:
         lo, hi = c.get("predicted_p10_s"), c.get("predicted_p90_s")
-        band = "-" if lo is None else f"{lo * 1e3:.2f}-{hi * 1e3:.2f}"
+        band = ms_interval(lo, hi)
         where = "" if c["placement"] == "one host" else f" ({c['placement']})"
         print(f"{c['model'] + '-' + c['algorithm'] + '-' + c['comm'] + where:<40} {c['repeats']:>2} "
               f"{ms(c['predicted_iter_s']):>13} {band:>13} {ms(c['measured_iter_s']):>12} "

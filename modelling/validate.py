@@ -115,8 +115,6 @@ def validate_run(
     [pred] = predict(layers, comm_model, scenario, strict=False)
     own = _insitu(run, layers)
     [pred_own] = predict(own, comm_model, scenario, strict=False) if own else [None]
-    if pred_own is not None and pred_own["no_prediction"]:
-        pred_own = None
     # The median iteration time, as every measured figure (DESIGN §4); the mean, which
     # throughput pays and which one slow iteration moves, is reported beside it. ASGD has no
     # barrier: its workers keep their own paces (beside a colocated shard, one may step twice
@@ -206,13 +204,9 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault(key, []).append(r)
     out = []
     for key, rs in groups.items():
-        ours = [r["predicted_iter_s"] for r in rs if r["predicted_iter_s"] is not None]
-        predicted = statistics.median(ours) if len(ours) == len(rs) else None  # as `model` below
+        predicted = _median_of_every(rs, "predicted_iter_s")
         measured = statistics.median(r["measured_iter_s"] for r in rs)
-        own = [r["model_predicted_iter_s"] for r in rs if r.get("model_predicted_iter_s") is not None]
-        # Every repeat's in-situ prediction or none: a model error from part of the repeats
-        # would compare against the median of all of them.
-        model = statistics.median(own) if len(own) == len(rs) else None
+        model = _median_of_every(rs, "model_predicted_iter_s")
         times = [r["measured_iter_s"] for r in rs]
         out.append(
             {
@@ -224,8 +218,15 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "error": _error(predicted, measured),
                 "no_prediction": next((r["no_prediction"] for r in rs if r.get("no_prediction")), None),
                 "model_predicted_iter_s": model,
-                "model_error": _error(model, measured) if model is not None else None,
+                "model_error": _error(model, measured),
                 "repeat_spread": max(times) / min(times) - 1,
             }
         )
     return out
+
+
+def _median_of_every(rs: list[dict[str, Any]], key: str) -> float | None:
+    """The median of every repeat's figure, or None where one has none: an error from part of
+    the repeats would compare against the median of all their measurements."""
+    values = [r.get(key) for r in rs]
+    return statistics.median(values) if None not in values else None

@@ -57,11 +57,3 @@ def print_rows(header: list[str], rows: list[list[Any]], title: str) -> None:
         table.add_row(*(str(v) for v in row))
     Console().print(table)
 
-
-def ms(seconds: float | None) -> str:
-    """Seconds as milliseconds for a table; '-' where there is no figure (a no-prediction row)."""
-    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
-
-
-def pct(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{fraction:+.1%}"

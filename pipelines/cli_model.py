@@ -11,8 +11,9 @@ from pathlib import Path
 
 import click
 
-from pipelines.cli_common import PATH, bandwidth, fail, int_list, ms, pct, print_rows
+from pipelines.cli_common import PATH, bandwidth, fail, int_list, print_rows
 from pipelines.cli_measure import microbench, profile
+from pipelines.report_validation import ms, pct
 
 
 @click.command("fit")

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.cli_common import ms, pct
 from pipelines.report_tables import NO_BASELINE
+from pipelines.report_validation import ms, ms_interval, pct
 
 FASTEST, FIRST = "*", "+"
 LEGEND = (
@@ -161,7 +161,7 @@ def validation_table(validation: dict[str, Any]) -> Table:
     for c in validation.get("configs") or []:
         lo, hi = c.get("predicted_p10_s"), c.get("predicted_p90_s")
         t.add_row(f"{c['model']}-{c['algorithm']}-{c['comm']}-w{c['workers']}", str(c["repeats"]),
-                  ms(c["predicted_iter_s"]), "-" if lo is None else f"{ms(lo)}-{ms(hi)}", ms(c["measured_iter_s"]),
+                  ms(c["predicted_iter_s"]), ms_interval(lo, hi), ms(c["measured_iter_s"]),
                   pct(c["error"]), pct(c.get("model_error")), pct(c.get("repeat_spread")))
 
     def ab(k: str) -> str:

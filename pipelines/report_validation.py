@@ -6,16 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def _pct(v: float | None) -> str:
+# The figures' formats, shared by the report, the console tables and the commands: '-' where
+# there is no figure (a no-prediction row, a run without in-situ timing).
+def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.1%}"
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:.2f}"
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
-def _interval(lo: float | None, hi: float | None) -> str:
-    return "-" if lo is None or hi is None else f"{lo * 1e3:.2f}-{hi * 1e3:.2f}"
+def ms_interval(lo: float | None, hi: float | None) -> str:
+    return "-" if lo is None or hi is None else f"{ms(lo)}-{ms(hi)}"
 
 
 def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
@@ -38,9 +40,9 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
         where = "" if c.get("placement") in (None, "one host") else f" ({c['placement']})"
         md.append(
             f"| {c['model']} {c['algorithm']}-{c['comm']} w{c['workers']} b{c['batch_size']}{where} | {c['repeats']} "
-            f"| {_ms(c['predicted_iter_s'])} ({_interval(c.get('predicted_p10_s'), c.get('predicted_p90_s'))}) "
-            f"| {_ms(c['measured_iter_s'])} | {_pct(c['error'])} | {_pct(c.get('model_error'))} "
-            f"| {_pct(c.get('repeat_spread'))} |"
+            f"| {ms(c['predicted_iter_s'])} ({ms_interval(c.get('predicted_p10_s'), c.get('predicted_p90_s'))}) "
+            f"| {ms(c['measured_iter_s'])} | {pct(c['error'])} | {pct(c.get('model_error'))} "
+            f"| {pct(c.get('repeat_spread'))} |"
         )
     v = validation
     md += [
@@ -64,7 +66,7 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
         ]
         md += [
             f"| {p['workload']} b{p['batch_size']} | {p['algorithm']} | {p['workers']} | {p['link_bandwidth']} "
-            f"| {_ms(p['iter_time_s'])} | {_interval(p.get('iter_time_p10_s'), p.get('iter_time_p90_s'))} "
+            f"| {ms(p['iter_time_s'])} | {ms_interval(p.get('iter_time_p10_s'), p.get('iter_time_p90_s'))} "
             f"| {'yes' if p.get('what_if') else ''} |"
             for p in preds
         ]

@@ -82,6 +82,10 @@ def validation_intervals(ctx: RunContext, result: dict[str, Any]) -> None:
     tables, models = round_tables(ctx), round_models(ctx)
     by_run: dict[str, tuple[float | None, float | None]] = {}
     for r in result["runs"]:
+        if r["predicted_iter_s"] is None:  # a no-prediction row: no interval around nothing
+            by_run[r["run"]] = (None, None)
+            r["predicted_p10_s"] = r["predicted_p90_s"] = None
+            continue
         summary = json.loads(Path(ctx.paths.train(r["run"]), "summary.json").read_text())
         wl = next((w for w in spec.workloads if (w.model, w.dataset) == (summary["model"], summary["dataset"])), None)
         rounds = tables.get(workload_dir(wl, summary["batch_size"])) if wl else None
@@ -92,7 +96,7 @@ def validation_intervals(ctx: RunContext, result: dict[str, Any]) -> None:
                 values.append(predict(table, model, scenario)[0]["iter_time_s"])
             except CommModelError:
                 continue
-        by_run[r["run"]] = around(values, r["predicted_iter_s"]) if r["predicted_iter_s"] is not None else (None, None)
+        by_run[r["run"]] = around(values, r["predicted_iter_s"])
         r["predicted_p10_s"], r["predicted_p90_s"] = by_run[r["run"]]
     for c in result["configs"]:
         lows = [by_run[r][0] for r in c["runs"] if by_run.get(r, (None,))[0] is not None]
