@@ -65,13 +65,14 @@ DEFAULT_ALGORITHMS = ["ssgd-allreduce", "ssgd-ps", "asgd", "odsgd", "odsgd-dc"]
 
 
 def spread(values: list[float | None]) -> str:
-    """median [min, max] of the numbers among `values`, with how many are missing."""
+    """median [min, max] of the numbers among `values`, with how many are missing (a target not
+    reached, a run diverged)."""
     nums = [v for v in values if v is not None]
     if not nums:
         return "-"
     fmt = "{:.0f}" if all(float(v).is_integer() for v in nums) else "{:.3f}"  # steps, or figures
     text = f"{fmt.format(statistics.median(nums))} [{fmt.format(min(nums))}, {fmt.format(max(nums))}]"
-    return text + (f" ({len(values) - len(nums)} not reached)" if len(nums) < len(values) else "")
+    return text + (f" ({len(values) - len(nums)} missing)" if len(nums) < len(values) else "")
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -109,6 +110,12 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, list[dict[str, Any]]]:
                 if args.target is not None:
                     values[target] = args.target
                 s = launch(prepare(values, "bench"), out / f"{name}-s{seed}", provider, timeout_s=3600, echo=False)
+                if s.get("status") == "diverged":  # an outcome of the algorithm, counted, not a crash
+                    print(f"  {name} seed {seed}: diverged at step {s['step']} (loss {s['loss']})", flush=True)
+                    results[name].append({final: None, to_target: None, steps_to: None, "diverged": True,
+                                          "target_reached": False, "throughput_samples_per_s": None,
+                                          "train_time_s": None})
+                    continue
                 results[name].append(s)
                 tta = s[to_target]
                 reached = (f"{tta:.1f} s ({s[steps_to]} steps)" if tta is not None
@@ -125,16 +132,21 @@ def report(results: dict[str, list[dict[str, Any]]], steps: int, workload: str) 
     for name, runs in results.items():
         tta = [r[to_target] for r in runs]
         reached = spread(tta) if any(t is not None for t in tta) else f"not reached in {steps} steps"
+        diverged = sum(bool(r.get("diverged")) for r in runs)
         print(f"{name:16} {spread([r[final] for r in runs]):32} {reached:40} "
               f"{spread([r[steps_to] for r in runs]):36} "
-              f"{spread([r['throughput_samples_per_s'] for r in runs])}")
+              f"{spread([r['throughput_samples_per_s'] for r in runs])}"
+              + (f"  ({diverged} of {len(runs)} diverged)" if diverged else ""))
     if "odsgd" not in results:
         return
     od = results["odsgd"]
     print("\nThe OD-SGD paper's claims, median over seeds (per-seed figures in brackets):")
     for anchor in ("ssgd-ps", "ssgd-allreduce"):
         if anchor in results:
-            pairs = list(zip(od, results[anchor], strict=True))
+            pairs = [(a, b) for a, b in zip(od, results[anchor], strict=True)
+                     if a[final] is not None and b[final] is not None]  # seeds where neither diverged
+            if not pairs:
+                continue
             if final == "final_accuracy":
                 diffs = [100 * (a[final] - b[final]) for a, b in pairs]
                 print(f"  accuracy OD-SGD - {anchor}: {statistics.median(diffs):+.2f} pp "
