@@ -26,7 +26,7 @@ echo "== Airflow home $AIRFLOW_HOME (log: $log)"
 "$airflow" db migrate >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
 "$airflow" pools import infra/deploy/airflow/pools.json >>"$log" 2>&1 || { tail -40 "$log"; exit 1; }
 
-spec=$(realpath "${1:-$repo/specs/smoke.yaml}")
+spec=$(realpath -m "${1:-$repo/specs/smoke.yaml}")
 [ -f "$spec" ] || { echo "main.sh: spec: no file $spec" >&2; exit 2; }
 echo "== airflow dags test ddlbench_nightly (spec: ${spec#"$repo"/})"
 conf=$(.venv/bin/python -c 'import json, sys; print(json.dumps({"spec_path": sys.argv[1], "home": sys.argv[2]}))' \
