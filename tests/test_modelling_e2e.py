@@ -22,8 +22,7 @@ from pipelines.launch import launch, prepare
 # moves the prediction by far more. It is held on gpt-mini (80 ms iterations), inside the
 # model's stated domain: lenet5 at batch 16 is 2 ms of compute a step, where the two ranks'
 # wake-ups for each allreduce on 2 shared cores take a share of the iteration that no
-# microbenchmark taken at another moment sees (docs/model-accuracy.md, known limits): CI measured
-# its model error at -26% against a repeat spread of 11%.
+# microbenchmark taken at another moment sees (docs/model-accuracy.md, known limits).
 MODEL_TOLERANCE = 0.10
 GPT = {"model": "gpt-mini", "dataset": "stdlib-text", "seq_len": 32, "eval_every": 0}
 
