@@ -42,6 +42,9 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     # lr 0.3: at the default 0.05 SGD takes thousands of steps to leave the unigram plateau.
     "gpt-tiny-markov": {"model": "gpt-tiny", "dataset": "markov", "seq_len": 32, "target_loss": 2.7, "lr": 0.3,
                         "batch_size": 16},
+    # The demo's workload (specs/demo.yaml): gpt-mini on the standard library's source as bytes.
+    "gpt-mini-stdlib": {"model": "gpt-mini", "dataset": "stdlib-text", "seq_len": 32, "target_loss": 2.7,
+                        "lr": 0.05, "batch_size": 32},
 }
 # What a workload is judged by: (final figure, time to target, steps to target, target) keys.
 ACCURACY = ("final_accuracy", "time_to_accuracy_s", "steps_to_accuracy", "target_accuracy")
@@ -56,6 +59,8 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "asgd": {"algorithm": "asgd", "servers": 1},
     # The shard's momentum lowered for the stale gradients' own (specs/smoke.yaml says why).
     "asgd-m08": {"algorithm": "asgd", "servers": 1, "momentum_async": 0.8},
+    # Without the shard's momentum: the demo's GPT (specs/demo.yaml says why).
+    "asgd-m0": {"algorithm": "asgd", "servers": 1, "momentum_async": 0.0},
     "odsgd": {"algorithm": "odsgd", "servers": 1},
     "odsgd-dc": {"algorithm": "odsgd", "servers": 1, "compensation": "dc"},
     # The authors' public configs: no local momentum, an SSGD warm-up (not run by default).
@@ -189,7 +194,8 @@ def main() -> None:
     report(results, args.steps, args.workload)
     if args.json:
         keys = (*judged_by(args.workload)[:3], "target_reached", "throughput_samples_per_s", "train_time_s")
-        args.json.write_text(json.dumps({n: [{k: r[k] for k in keys} for r in rs] for n, rs in results.items()},
+        args.json.write_text(json.dumps({n: [{k: r[k] for k in keys} | {"diverged": bool(r.get("diverged"))}
+                                             for r in rs] for n, rs in results.items()},
                                         indent=2))
 
 
