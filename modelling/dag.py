@@ -20,10 +20,10 @@ at the placement.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from modelling.fabric import Fabric, Resource, Transfer, compute
+from modelling.fabric import Fabric, Resource, Transfer, Wire, compute
 from modelling.scenario import Scenario
 from modelling.simulate import Dag
 from training.config import Algorithm, Comm
@@ -44,46 +44,8 @@ class Costs:
     server_update_s: float = 0.0  # sync shard: average N pushes + optimizer step
     server_apply_s: float = 0.0  # async shard: apply one push
     straggle_s: float = 0.0  # a barrier's expected wait for the slowest of the N workers
-    allreduce_s: Callable[[int], float] = lambda _m: 0.0  # bytes -> seconds, for this N
-    transfer_s: Callable[[int], float] = lambda _m: 0.0  # one push or pull of m bytes to a shard
-    # Loopback: every rank on one host, where moving bytes is memory copies by the CPUs of
-    # a transfer's two ends: that part holds their compute as well as their links. The
-    # rest of a transfer (latency: waiting for a peer, waking a thread) leaves the CPU free.
-    comm_on_cpu: bool = False
-    allreduce_cpu_s: Callable[[int], float] | None = None  # the copying part; None: all of it
-    transfer_cpu_s: Callable[[int], float] | None = None
-    # The node of every rank (workers, then shards) when placed on several nodes; None: one host.
-    node_of_rank: Sequence[int] | None = None
-    # Placed, what a socket takes of a send before it blocks the sender (modelling/links.py):
-    # an ASGD shard's reply of at most this many bytes leaves it free while the link carries it.
-    send_buffer_bytes: int = 0
-    # Placed, what the two ends' sockets hold of a send while the receiver does not read
-    # (modelling/links.py): within a node, an ASGD push that waits for its shard has at most
-    # this many bytes there when the shard takes it, and passes that much sooner.
-    socket_buffer_bytes: int = 0
-    # Placed, a worker's CPU time to post a round's sends and receives (gloo writes into the
-    # socket from the caller): on OD-SGD's critical path, inside the others' wait.
-    post_s: float = 0.0
-    # Placed, shard bytes -> how much sooner a shard's first remote worker (rank order) has its
-    # pull back than its last, as measured (CommCosts.pull_lead); None or 0: a fair share, all
-    # back together.
-    pull_lead_s: Callable[[int], float] | None = None
-    # Placed, one transfer between two ranks of one node (a colocated shard and its node's
-    # workers): a loopback copy, which crosses no link; None: transfer_s at 0 bytes.
-    local_transfer_s: float | None = None
-    # An emulated cluster's nodes (every rank on one host, transfers on links), the host's
-    # CPU-seconds of one allreduce or ps round, ranks and kernel, as measured (CommCosts.host_cpu):
-    # for the bound of the host's cores (predict.host_cpu_bound), not a task. None: not measured,
-    # or loopback, where the transfers' copying holds the DAG's CPUs instead.
-    host_comm_cpu_s: Callable[[int], float] | None = None
-    # Per worker rank, the model's bytes -> seconds of its ASGD pass (a push to every shard and
-    # the replies, no apply), as the microbenchmark timed it in ASGD's own pattern; None: from
-    # the synchronous round's transfers.
-    asgd_pass_s: Sequence[Callable[[float], float]] | None = None
-    # Per worker rank, the model's bytes -> seconds that the link still carries an ASGD reply
-    # after the shard has returned from sending it, as the microbenchmark timed it; None: the
-    # socket's `send_buffer_bytes` at the transfer's rate.
-    asgd_reply_tail_s: Sequence[Callable[[float], float]] | None = None
+    # What the comm model says this world's transfers cost, where they run: the fabric's.
+    wire: Wire = field(default_factory=lambda: Wire())
 
     @property
     def model_bytes(self) -> int:

@@ -137,9 +137,9 @@ class ODSGDPlan(_SyncServer):
         self.prev_pulls: list[list[int]] = [[] for _ in self.mult]  # the pulls of W_g(t)
 
     def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
-        c, cpu, w = self.c, (compute("worker", k),), self.owners[k]
-        if c.post_s:  # posting this step's push and pull, before the wait for W_g(t)
-            pack = self.dag.add("post", c.post_s, cpu, (pack,), kind="update", owner=w, step=t)
+        c, cpu, w, post = self.c, (compute("worker", k),), self.owners[k], self.fab.post_cpu_s()
+        if post:  # posting this step's push and pull, before the wait for W_g(t)
+            pack = self.dag.add("post", post, cpu, (pack,), kind="update", owner=w, step=t)
         deps, self.prev_pulls[k] = (pack, *self.prev_pulls[k]), pulls
         return self.dag.add("update", c.unpack_s + c.update_s, cpu, deps, kind="update", owner=w, step=t)
 

@@ -1,8 +1,8 @@
 """Where an iteration's transfers run and what each costs: the one place of the model that
 knows the placement (DESIGN §3, §5).
 
-Given a world's costs (modelling/dag.py's `Costs`: the fitted comm model's look-ups) and the
-node of every rank, the fabric answers for every transfer of an iteration (a worker class's
+Given a world's `Wire` (the fitted comm model's look-ups, the node of every rank and the
+regimes the microbenchmark measured), the fabric answers for every transfer of an iteration (a worker class's
 push to a shard, a shard's pull back to it, a ring step of an allreduce) its latency, its
 wire time, the CPU time of its copies and the resources it holds. Its link classes are what
 the placement has:
@@ -21,6 +21,7 @@ The DAG builders (modelling/dag.py, dag_ps.py) ask it and never look at the plac
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -94,8 +95,58 @@ def _split(workers: int, classes: int) -> list[int]:
     return [base + (1 if k < extra else 0) for k in range(classes)]
 
 
+@dataclass
+class Wire:
+    """What the fitted comm model (modelling/costs.py's `CommCosts`) says one world's transfers
+    cost, and what the fabric needs to know of where they run: the placement, the sockets'
+    buffers, and the regimes the microbenchmark measured. Every regime correction of the model
+    is an input here and is applied by `Fabric` alone. Seconds; bytes -> seconds look-ups."""
+
+    allreduce_s: Callable[[int], float] = lambda _m: 0.0  # bytes -> seconds, for this N
+    transfer_s: Callable[[int], float] = lambda _m: 0.0  # one push or pull of m bytes to a shard
+    # Loopback: every rank on one host, where moving bytes is memory copies by the CPUs of
+    # a transfer's two ends: that part holds their compute as well as their links. The
+    # rest of a transfer (latency: waiting for a peer, waking a thread) leaves the CPU free.
+    on_cpu: bool = False
+    allreduce_cpu_s: Callable[[int], float] | None = None  # the copying part; None: all of it
+    transfer_cpu_s: Callable[[int], float] | None = None
+    # The node of every rank (workers, then shards) when placed on several nodes; None: one host.
+    node_of_rank: Sequence[int] | None = None
+    # Placed, what a socket takes of a send before it blocks the sender (modelling/links.py):
+    # an ASGD shard's reply of at most this many bytes leaves it free while the link carries it.
+    send_buffer_bytes: int = 0
+    # Placed, what the two ends' sockets hold of a send while the receiver does not read
+    # (modelling/links.py): within a node, an ASGD push that waits for its shard has at most
+    # this many bytes there when the shard takes it, and passes that much sooner.
+    socket_buffer_bytes: int = 0
+    # Placed, a worker's CPU time to post a round's sends and receives (gloo writes into the
+    # socket from the caller): on OD-SGD's critical path, inside the others' wait.
+    post_s: float = 0.0
+    # Placed, shard bytes -> how much sooner a shard's first remote worker (rank order) has its
+    # pull back than its last, as measured (CommCosts.pull_lead); None or 0: a fair share, all
+    # back together.
+    pull_lead_s: Callable[[int], float] | None = None
+    # Placed, one transfer between two ranks of one node (a colocated shard and its node's
+    # workers): a loopback copy, which crosses no link; None: transfer_s at 0 bytes.
+    local_transfer_s: float | None = None
+    # An emulated cluster's nodes (every rank on one host, transfers on links), the host's
+    # CPU-seconds of one allreduce or ps round, ranks and kernel, as measured (CommCosts.host_cpu):
+    # for the bound of the host's cores (predict.host_cpu_bound), not a task. None: not measured,
+    # or loopback, where the transfers' copying holds the DAG's CPUs instead.
+    host_cpu_s: Callable[[int], float] | None = None
+    # Per worker rank, the model's bytes -> seconds of its ASGD pass (a push to every shard and
+    # the replies, no apply), as the microbenchmark timed it in ASGD's own pattern; None: from
+    # the synchronous round's transfers.
+    asgd_pass_s: Sequence[Callable[[float], float]] | None = None
+    # Per worker rank, the model's bytes -> seconds that the link still carries an ASGD reply
+    # after the shard has returned from sending it, as the microbenchmark timed it; None: the
+    # socket's `send_buffer_bytes` at the transfer's rate.
+    asgd_reply_tail_s: Sequence[Callable[[float], float]] | None = None
+
+
+
 class Fabric:
-    """The transfers of one world (`c`'s costs, `c.node_of_rank`'s placement) between worker
+    """The transfers of one world (`c`'s costs, its wire's `node_of_rank` placement) between worker
     classes and shards. Worker classes stand for `mult[k]` identical workers; placed, they are
     formed within each node (a node's workers share its links). `concurrent`: a round posts
     every transfer at once, so a node's workers share its link fairly and finish together:
@@ -104,14 +155,14 @@ class Fabric:
 
     def __init__(self, c: Costs, workers: int, servers: int, *, concurrent: bool = True,
                  max_classes: int = 8) -> None:
-        self.c, self.servers = c, servers
-        self.placed = multi_node(c.node_of_rank)
+        self.w, self.servers = c.wire, servers
+        self.placed = multi_node(self.w.node_of_rank)
         self.mult: list[int] = []
         self.first_worker: list[int] = []  # a worker rank each class stands for
         self.class_node: list[int | None] = []
         self.shard_node: list[int | None] = [None] * servers
         if self.placed:
-            worker_nodes = list(c.node_of_rank[:workers])
+            worker_nodes = list(self.w.node_of_rank[:workers])
             for node in sorted(set(worker_nodes)):
                 count = worker_nodes.count(node)
                 classes = 1 if concurrent else min(count, max(1, round(max_classes * count / workers)))
@@ -119,7 +170,7 @@ class Fabric:
                     self.class_node.append(node)
                     self.mult.append(m)
                     self.first_worker.append(worker_nodes.index(node))
-            self.shard_node = list(c.node_of_rank[workers:])
+            self.shard_node = list(self.w.node_of_rank[workers:])
         else:
             self.mult = _split(workers, min(workers, max_classes))
             self.first_worker = [sum(self.mult[:k]) for k in range(len(self.mult))]
@@ -148,13 +199,13 @@ class Fabric:
 
     def cpus(self, k: int, s: int | None = None) -> tuple[Resource, ...]:
         """The CPUs a loopback transfer on one host copies on: the worker's, and the shard's."""
-        if not self.c.comm_on_cpu or self.placed:
+        if not self.w.on_cpu or self.placed:
             return ()
         return (compute("worker", k),) if s is None else (compute("worker", k), compute("server", s))
 
     def copy_s(self, nbytes: int, times: float) -> float | None:
         """The copying part of `times` transfers of nbytes (None: all of each is copying)."""
-        return None if self.c.transfer_cpu_s is None else times * self.c.transfer_cpu_s(nbytes)
+        return None if self.w.transfer_cpu_s is None else times * self.w.transfer_cpu_s(nbytes)
 
     # One transfer's time.
 
@@ -163,9 +214,9 @@ class Fabric:
         its latency alone (the ping-pong within the node where measured; else the link's, as a
         loopback copy is no slower), whatever the bytes."""
         if self.link_class(k, s) == "loopback":
-            local = self.c.local_transfer_s
-            return self.c.transfer_s(0) if local is None else local
-        return self.c.transfer_s(nbytes)
+            local = self.w.local_transfer_s
+            return self.w.transfer_s(0) if local is None else local
+        return self.w.transfer_s(nbytes)
 
     def ps(self, k: int, s: int, push: bool) -> Transfer:
         """Class k's transfers of shard s's bytes (a push, or a pull back). Over a node link,
@@ -186,21 +237,40 @@ class Fabric:
     def allreduce(self, nbytes: int, cpu: Resource) -> Transfer:
         """One allreduce of nbytes on the ring (the shared network); on loopback its copying
         part also holds the worker's CPU."""
-        c = self.c
-        cpus = (cpu,) if c.comm_on_cpu else ()
-        cpu_s = None if c.allreduce_cpu_s is None else c.allreduce_cpu_s(nbytes)
-        return Transfer(0.0, c.allreduce_s(nbytes), (NETWORK,), cpus, cpu_s)
+        w = self.w
+        cpus = (cpu,) if w.on_cpu else ()
+        cpu_s = None if w.allreduce_cpu_s is None else w.allreduce_cpu_s(nbytes)
+        return Transfer(0.0, w.allreduce_s(nbytes), (NETWORK,), cpus, cpu_s)
 
-    def copy_cpu_s(self, workers: int, nbytes: int, ring: bool) -> float:
+    def copy_cpu_s(self, nbytes: int, ring: bool) -> float:
         """The CPU-seconds of copies in one allreduce of nbytes (`ring`) or one PS round (every
         worker's push and pull of each shard's share of nbytes) on one host's loopback: each
         transfer copies at both its ends (into and out of the socket), each rank of a ring
         copies its share of every step."""
-        c = self.c
+        w, workers = self.w, sum(self.mult)
         if ring:
-            return workers * (c.allreduce_cpu_s or c.allreduce_s)(nbytes)
-        copy = c.transfer_cpu_s or c.transfer_s
+            return workers * (w.allreduce_cpu_s or w.allreduce_s)(nbytes)
+        copy = w.transfer_cpu_s or w.transfer_s
         return 2 * 2 * workers * self.servers * copy(int(nbytes / self.servers))
+
+    def on_one_host(self) -> bool:
+        """Whether every rank's communication costs the one host's CPUs: loopback, or an emulated
+        cluster's nodes whose network stack the microbenchmark measured on the host."""
+        return self.w.on_cpu or self.w.host_cpu_s is not None
+
+    def host_cpu_s(self, nbytes: int, ring: bool) -> float:
+        """The host's CPU-seconds of one allreduce of nbytes (`ring`) or one PS round of them
+        (`on_one_host`): on an emulated cluster's nodes, as the microbenchmark measured it (ranks
+        and kernel alike: the veth links' network stack runs on the same cores); on loopback,
+        the copying (`copy_cpu_s`), as the DAG's tasks hold it. 0 elsewhere."""
+        if self.w.host_cpu_s is not None:
+            return self.w.host_cpu_s(nbytes)
+        return self.copy_cpu_s(nbytes, ring) if self.w.on_cpu else 0.0
+
+    def post_cpu_s(self) -> float:
+        """A worker's CPU time to post a round's sends and receives (gloo writes into the socket
+        from the caller); 0 on one host, where the transfers' copies hold the CPUs instead."""
+        return self.w.post_s
 
     # A synchronous shard's round: its pulls, sent at once.
 
@@ -214,7 +284,7 @@ class Fabric:
         uplink is a FIFO queue (the qdisc), not a fair share: the first pull posted leaves
         first. 0 where not measured (or on one host): the pulls share the link and all end
         when the last does."""
-        lead = self.c.pull_lead_s
+        lead = self.w.pull_lead_s
         return lead(self.shard_bytes[s]) if self.placed and lead else 0.0
 
     def push_waits_for_own_pull(self, s: int) -> bool:
@@ -225,8 +295,8 @@ class Fabric:
         posts its next receives at once; a larger one posts them only once its sends are
         written, near its last pull's end. Where the pulls' lead is not measured the pulls end
         together, and the two are one."""
-        c = self.c
-        return bool(self.placed and c.pull_lead_s and self.shard_bytes[s] <= c.send_buffer_bytes)
+        w = self.w
+        return bool(self.placed and w.pull_lead_s and self.shard_bytes[s] <= w.send_buffer_bytes)
 
     # ASGD: a shard's serial loop of receive, apply, reply.
 
@@ -234,7 +304,7 @@ class Fabric:
         """One way of class k's ASGD pass with shard s: half the pass the microbenchmark timed
         in ASGD's own pattern (a push to every shard and the replies, of the whole model's
         bytes), where it did; else one transfer."""
-        passes = self.c.asgd_pass_s
+        passes = self.w.asgd_pass_s
         if passes is None:
             return self.one(k, s, self.shard_bytes[s])
         return passes[self.first_worker[k]](self.shard_bytes[s] * self.servers) / 2
@@ -248,11 +318,11 @@ class Fabric:
         link (one host, within a node): there the copy is the transfer, and the loop holds it."""
         if self.link_class(k, s) != "link":
             return None
-        c, nbytes, one = self.c, self.shard_bytes[s], self.asgd_one(k, s)
-        if c.asgd_reply_tail_s is not None:
-            tail = c.asgd_reply_tail_s[self.first_worker[k]](nbytes * self.servers)
+        w, nbytes, one = self.w, self.shard_bytes[s], self.asgd_one(k, s)
+        if w.asgd_reply_tail_s is not None:
+            tail = w.asgd_reply_tail_s[self.first_worker[k]](nbytes * self.servers)
             return min(tail / one, 1.0) if one > 0 else 1.0
-        return min(c.send_buffer_bytes / nbytes, 1.0) if nbytes else 1.0
+        return min(w.send_buffer_bytes / nbytes, 1.0) if nbytes else 1.0
 
     def push_in_buffers(self, k: int, s: int) -> float:
         """The fraction of a push within a node that lies in the two ends' socket buffers while
@@ -262,5 +332,5 @@ class Fabric:
         nbytes = self.shard_bytes[s]
         if self.link_class(k, s) != "loopback" or not nbytes:
             return 0.0
-        return min(self.c.socket_buffer_bytes / nbytes, 1.0)
+        return min(self.w.socket_buffer_bytes / nbytes, 1.0)
 

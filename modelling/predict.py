@@ -9,7 +9,7 @@ from typing import Any
 
 from modelling.costs import CommCosts
 from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
-from modelling.fabric import Fabric
+from modelling.fabric import Fabric, Wire, compute
 from modelling.fit import CommModelError
 from modelling.layers import LayersError, check_layers
 from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
@@ -86,23 +86,25 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         server_update_s=layers["server_update_s"] + (s.workers - 1) * layers["server_add_s"],
         # ASGD's shard applies every push with its optimizer (training/ps.py): a step, not an add.
         server_apply_s=layers["server_update_s"],
-        allreduce_s=allreduce,
-        transfer_s=transfer,
-        allreduce_cpu_s=copying_part(allreduce) if on_cpu else None,
-        transfer_cpu_s=copying_part(transfer) if on_cpu else None,
         straggle_s=expected_straggle(samples, s.workers) * scale if s.algorithm == Algorithm.ssgd else 0.0,
-        comm_on_cpu=on_cpu,
-        node_of_rank=s.node_of_rank,
-        send_buffer_bytes=send_buffer_bytes(comm.environment),
-        socket_buffer_bytes=socket_buffer_bytes(comm.environment) if placed_ps else 0,
-        post_s=comm.post(s.workers, s.servers)(sum(layer_bytes)) if placed_ps else 0.0,
-        local_transfer_s=comm.loopback_latency() if placed_ps else None,
-        pull_lead_s=comm.pull_lead(s.workers, s.servers) if placed_ps else None,
-        # Measured host CPU where the DAG's CPUs do not hold the copies (an emulated cluster's
-        # nodes); on loopback the copying part of the transfers is that CPU time already.
-        host_comm_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if not on_cpu else None,
-        asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if asgd else None,
-        asgd_reply_tail_s=comm.asgd_reply_tail(s.workers, s.servers) if asgd and placed_ps else None,
+        wire=Wire(
+            allreduce_s=allreduce,
+            transfer_s=transfer,
+            on_cpu=on_cpu,
+            allreduce_cpu_s=copying_part(allreduce) if on_cpu else None,
+            transfer_cpu_s=copying_part(transfer) if on_cpu else None,
+            node_of_rank=s.node_of_rank,
+            send_buffer_bytes=send_buffer_bytes(comm.environment),
+            socket_buffer_bytes=socket_buffer_bytes(comm.environment) if placed_ps else 0,
+            post_s=comm.post(s.workers, s.servers)(sum(layer_bytes)) if placed_ps else 0.0,
+            local_transfer_s=comm.loopback_latency() if placed_ps else None,
+            pull_lead_s=comm.pull_lead(s.workers, s.servers) if placed_ps else None,
+            # Measured host CPU where the DAG's CPUs do not hold the copies (an emulated cluster's
+            # nodes); on loopback the copying part of the transfers is that CPU time already.
+            host_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if not on_cpu else None,
+            asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if asgd else None,
+            asgd_reply_tail_s=comm.asgd_reply_tail(s.workers, s.servers) if asgd and placed_ps else None,
+        ),
     )
 
 
@@ -233,8 +235,9 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
         iter_time = host_bound
     if s.comm == Comm.allreduce:
         # All buckets queue on the network: communication alone is their sum.
-        groups = comm_groups(costs, s.overlap, s.bucket_bytes)
-        comm_s = sum(costs.allreduce_s(nbytes) for _, nbytes in groups) if s.workers > 1 else 0.0
+        groups = comm_groups(costs, s.overlap, s.bucket_bytes) if s.workers > 1 else []
+        fab = Fabric(costs, s.workers, 0)
+        comm_s = sum(fab.allreduce(nbytes, compute("worker", 0)).seconds for _, nbytes in groups)
         comm_max = comm_s
     else:
         bare, _, bare_periods = _steady_state(without_compute(costs), s)
@@ -282,10 +285,10 @@ def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
     cluster's nodes, where the DAG's transfers hold links, not CPUs, the host's CPU time that
     the microbenchmark measured for one allreduce or ps round (ranks and kernel alike: the
     veth links' network stack runs on the same cores). 0 when neither applies."""
-    measured = c.host_comm_cpu_s
-    if not host_cores or (measured is None and not c.comm_on_cpu):
-        return 0.0
     ps = s.comm == Comm.ps
+    fab = Fabric(c, s.workers, s.servers if ps else 0)
+    if not host_cores or not fab.on_one_host():
+        return 0.0
     per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s
     if ps or s.workers > 1:  # one allreduce worker has nothing to copy
         per_worker += c.unpack_s
@@ -294,16 +297,9 @@ def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
     work = s.workers * per_worker
     if not ps:
         groups = comm_groups(c, s.overlap, s.bucket_bytes) if s.workers > 1 else []
-        if measured is not None:
-            work += sum(measured(nbytes) for _, nbytes in groups)
-        else:
-            fab = Fabric(c, s.workers, 0)
-            work += sum(fab.copy_cpu_s(s.workers, nbytes, ring=True) for _, nbytes in groups)
-    else:
-        if measured is not None:  # one round per iteration: every worker's push and pull
-            work += measured(c.model_bytes)
-        else:
-            work += Fabric(c, s.workers, s.servers).copy_cpu_s(s.workers, c.model_bytes, ring=False)
+        work += sum(fab.host_cpu_s(nbytes, ring=True) for _, nbytes in groups)
+    else:  # one round per iteration: every worker's push and pull
+        work += fab.host_cpu_s(c.model_bytes, ring=False)
         work += c.server_update_s if s.algorithm != Algorithm.asgd else s.workers * c.server_apply_s
     return work / min(host_cores, s.ranks)
 

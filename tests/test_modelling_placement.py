@@ -226,8 +226,8 @@ def test_a_colocated_shards_own_workers_pay_the_p2p_latency_not_the_rounds_small
     comm = CommCosts(fit_comm(raw, link_bytes_per_s=LINK))
     scenario = Scenario.of("t", algorithm="ssgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
     costs = build_costs(TABLE, comm, scenario)
-    assert costs.transfer_s(0) > floor / 4  # the round's floor, which the old rule charged worker 0
-    assert costs.local_transfer_s == pytest.approx(ALPHA, rel=1e-6)
+    assert costs.wire.transfer_s(0) > floor / 4  # the round's floor, which the old rule charged worker 0
+    assert costs.wire.local_transfer_s == pytest.approx(ALPHA, rel=1e-6)
     dag = build_plan(costs, scenario).dag
     comm_tasks = [(o, d) for n, o, d in zip(dag.names, dag.owners, dag.durations, strict=True)
                   if n in ("push s0", "pull s0") and d > 0]
@@ -410,7 +410,7 @@ def test_asgd_replies_stay_on_the_link_for_the_tail_the_microbenchmark_measured(
     scenario = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
     model = fit_comm(raw, link_bytes_per_s=LINK)
     costs = build_costs(TABLE, CommCosts(model), scenario)
-    assert [f(M) for f in costs.asgd_reply_tail_s] == pytest.approx([tail, tail], rel=1e-6)
+    assert [f(M) for f in costs.wire.asgd_reply_tail_s] == pytest.approx([tail, tail], rel=1e-6)
     serve = half + APPLY + half - tail  # the shard's pass: the push, apply, the reply less its tail
     worker = COMPUTE + serve + tail + UNPACK  # a worker's cycle, the shard free
     assert 2 * serve > worker  # the shard's loop sets the pace: two passes per round
@@ -425,7 +425,7 @@ def test_asgd_replies_stay_on_the_link_for_the_tail_the_microbenchmark_measured(
     assert 2 * (2 * half - buffered + APPLY) < COMPUTE + 2 * half + APPLY + UNPACK
     assert socket["iter_time_s"] == pytest.approx(COMPUTE + 2 * half + APPLY + UNPACK, rel=1e-6)
     # A what-if bandwidth (other links) uses no tail measured on these.
-    assert build_costs(TABLE, CommCosts(model, LINK), scenario).asgd_reply_tail_s is None
+    assert build_costs(TABLE, CommCosts(model, LINK), scenario).wire.asgd_reply_tail_s is None
 
 
 def test_asgd_passes_as_the_microbenchmark_timed_them_in_asgds_own_pattern() -> None:
@@ -437,19 +437,19 @@ def test_asgd_passes_as_the_microbenchmark_timed_them_in_asgds_own_pattern() -> 
     comm = fit_comm(_with_asgd_passes(synthetic_comm(ALPHA, BETA, 0.0, workers=2), [far, far]))
     one_host = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1)
     costs = build_costs(TABLE, CommCosts(comm), one_host)
-    assert [p(M) for p in costs.asgd_pass_s] == pytest.approx([far(M)] * 2, rel=1e-6)
+    assert [p(M) for p in costs.wire.asgd_pass_s] == pytest.approx([far(M)] * 2, rel=1e-6)
     [r] = predict(TABLE, comm, one_host)
     assert 2 * (far(M) + APPLY) < COMPUTE + far(M) + APPLY + UNPACK  # the shard keeps up: no queue
     assert r["iter_time_s"] == pytest.approx(COMPUTE + far(M) + APPLY + UNPACK, rel=1e-6)
     # The same world with a what-if link: the transfers from the fit, not the passes measured.
-    assert build_costs(TABLE, CommCosts(comm, LINK), one_host).asgd_pass_s is None
+    assert build_costs(TABLE, CommCosts(comm, LINK), one_host).wire.asgd_pass_s is None
     # Colocated: worker 0 beside the shard passes within its node; worker 1 across the link
     # (the schedule they give: the next test).
     node_of_rank = _placed(2, 1, 2, "colocated")
     raw = _with_asgd_passes(_ps_comm(node_of_rank), [near, far], node_of_rank)
     placed = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
     costs = build_costs(TABLE, CommCosts(fit_comm(raw, link_bytes_per_s=LINK)), placed)
-    assert [p(M) for p in costs.asgd_pass_s] == pytest.approx([near(M), far(M)], rel=1e-6)
+    assert [p(M) for p in costs.wire.asgd_pass_s] == pytest.approx([near(M), far(M)], rel=1e-6)
 
 
 def test_a_push_that_waits_for_a_colocated_shard_passes_sooner_and_wins_the_race() -> None:
@@ -465,7 +465,7 @@ def test_a_push_that_waits_for_a_colocated_shard_passes_sooner_and_wins_the_race
     scenario = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
     model = fit_comm(raw, link_bytes_per_s=LINK)
     costs = build_costs(TABLE, CommCosts(model), scenario)
-    assert costs.socket_buffer_bytes == 2**21 + 3 * 2**20 > M  # Linux's defaults: the whole push
+    assert costs.wire.socket_buffer_bytes == 2**21 + 3 * 2**20 > M  # Linux's defaults: the whole push
     free = near(M) + APPLY  # worker 0's pass when the shard is free: push, apply, reply
     waited = free - near(M) / 2  # and when its push waited: its half was in the buffers
     remote = far(M) / 2 + APPLY + far(M) / 2 - tail  # worker 1's pass, less the reply's tail
@@ -479,7 +479,7 @@ def test_a_push_that_waits_for_a_colocated_shard_passes_sooner_and_wins_the_race
     # and each of worker 0's waits out worker 1's pass: one pace.
     raw["environment"]["tcp_wmem_max"] = raw["environment"]["tcp_rmem_max"] = 2
     model = fit_comm(raw, link_bytes_per_s=LINK)
-    assert build_costs(TABLE, CommCosts(model), scenario).socket_buffer_bytes == 2
+    assert build_costs(TABLE, CommCosts(model), scenario).wire.socket_buffer_bytes == 2
     [locked] = predict(TABLE, model, scenario)
     assert locked["iter_time_s"] == pytest.approx(tail + cycle + remote, rel=1e-6)
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modelling.dag import Costs, build_allreduce, ddp_buckets
+from modelling.fabric import Wire
 from modelling.simulate import Dag, critical_path, simulate
 
 
@@ -90,7 +91,7 @@ def _costs(fwd, bwd, nbytes, per_byte=1e-6) -> Costs:
         param_tensor_bytes=[[b] for b in nbytes],
         data_s=0.0,
         update_s=0.0,
-        allreduce_s=lambda m: m * per_byte,
+        wire=Wire(allreduce_s=lambda m: m * per_byte),
     )
 
 
