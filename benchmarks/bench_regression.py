@@ -6,9 +6,11 @@
 1. Records real training runs of every config of a spec (the trainer launch the pipeline uses),
    round-robin, each round one unslowed run and one each slowed by `train.inject_delay_ms` to 10%
    and 20% less throughput (the delay is that fraction of the round's unslowed iteration time, so
-   the slowdowns are real sleeps in the iterations, interleaved with unslowed runs under the same
-   load). Each run keeps its run-level figures (pipelines/regression_stats.py: log throughput,
-   within-run variance from its steps, the canary's log speed). Saved after every round.
+   the slowdowns are real, interleaved with unslowed runs under the same load). By default
+   (`--inject busy`) each rank spends the delay as CPU work, as a slower kernel does; a sleep
+   (`--inject sleep`) frees the core to the other ranks on shared cores and realises less. Each
+   run keeps its run-level figures (pipelines/regression_stats.py: log throughput, within-run
+   variance from its steps, the canary's log speed). Saved after every round.
 2. Replays nights: a history of `--history` runs (unslowed) and tonight's run, each of `--repeats`
    runs drawn from the recording (with replacement), tonight's from the unslowed (A/A), 10% or 20%
    runs; with confirmation, an alarm stands only if a rerun (another draw of the same kind) alarms
@@ -50,9 +52,10 @@ LOCK = Path("/tmp/ddlbench-cluster.lock")
 KINDS = {"aa": 0.0, "slow10": 0.10, "slow20": 0.20}
 
 
-def record(rounds: int, spec_path: Path, save: Path, steps: int | None) -> dict[str, Any]:
+def record(rounds: int, spec_path: Path, save: Path, steps: int | None, inject: str = "busy") -> dict[str, Any]:
     """`rounds` rounds of real runs of every config of the spec (repeat 0), each an unslowed run
-    and runs slowed by 10% and 20%; under the cluster lock; saved after every round."""
+    and runs slowed by 10% and 20%, the delay spent as `inject` ("busy": CPU work of each rank,
+    as a slower kernel is; "sleep"); under the cluster lock; saved after every round."""
     from infra.local import LocalProvider
     from pipelines.launch import launch, prepare
 
@@ -63,6 +66,7 @@ def record(rounds: int, spec_path: Path, save: Path, steps: int | None) -> dict[
         "hardware": spec.hardware,
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rounds": 0,
+        "inject": inject,
         "cores": os.cpu_count(),
         "other_load": [],  # per round: CPU time of other work / (cores x wall time)
         "records": {e["key"].removesuffix("-r0"): {k: [] for k in KINDS} for e in entries},
@@ -79,6 +83,7 @@ def record(rounds: int, spec_path: Path, save: Path, steps: int | None) -> dict[
                     values = dict(e["config"], **({"steps": steps} if steps else {}))
                     if slow:  # iteration x s / (1 - s) of sleep: s less throughput
                         values["inject_delay_ms"] = round(1000 * iteration * slow / (1 - slow), 2)
+                        values["inject_busy"] = inject == "busy"
                     out = Path(d) / f"{config}-{r}-{kind}"
                     s = launch(prepare(values, "bench"), out, LocalProvider(), timeout_s=spec.train_timeout_s,
                                echo=False)
@@ -157,6 +162,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12, help="recorded rounds (each: unslowed, 10%%, 20%% per config)")
     ap.add_argument("--spec", type=Path, default=SMOKE)
     ap.add_argument("--steps", type=int, help="training steps per recorded run (the spec's if not given)")
+    ap.add_argument("--inject", choices=["busy", "sleep"], default="busy",
+                    help="the injected delay as CPU work of each rank (a slower kernel) or as a sleep")
     ap.add_argument("--trials", type=int, default=2000, help="replayed nights per config and case")
     ap.add_argument("--repeats", type=int, nargs="+", default=[3], help="repeats per run (nightly 3)")
     ap.add_argument("--history", type=int, nargs="+", default=[RegressionSpec().history], help="history runs")
@@ -166,11 +173,12 @@ def main() -> None:
     if args.source:
         rec = json.loads(args.source.read_text())
     else:
-        rec = record(args.rounds, args.spec, args.save, args.steps)
+        rec = record(args.rounds, args.spec, args.save, args.steps, args.inject)
         print(f"recording saved to {args.save}")
     records = rec.get("records") or legacy(rec)
     spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect)
-    print(f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} rounds, {_load(rec)}):")
+    print(f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} rounds, {_load(rec)}; "
+          f"delays injected as {rec.get('inject', 'sleep')}):")
     for config, kinds in records.items():
         thr = [math.exp(r["log_thr"]) for r in kinds["aa"]]
         med = statistics.median(thr)

@@ -37,6 +37,9 @@ from pipelines.spec_sections import (
 )
 from training.config import Comm, ConfigError, TrainConfig
 
+# Training options that slow a run on purpose (to test the regression alarm): not what is measured.
+INJECTED_OPTIONS = ("inject_delay_ms", "inject_busy")
+
 __all__ = [
     "SPEC_VERSION", "AlgorithmSpec", "BenchSpec", "MicrobenchSpec", "NetworkSpec", "ProfileSpec", "ProviderSpec",
     "RegressionSpec", "SpecError", "Suite", "TrackingSpec", "WhatIfSpec", "Workload", "config_key", "config_of",
@@ -138,12 +141,12 @@ class BenchSpec(Section):
         """Identity of what is measured: equal hashes mean comparable runs.
 
         Left out: the regression section (how runs are judged, not what is measured) and the
-        training option `inject_delay_ms` (a slowdown injected to test the alarm must be judged
-        against the history of the spec it slows down)."""
+        training options `inject_delay_ms` and `inject_busy` (a slowdown injected to test the
+        alarm must be judged against the history of the spec it slows down)."""
         doc = self.model_dump(mode="json", exclude={"regression"})
-        doc["train"].pop("inject_delay_ms", None)
-        for algo in doc["algorithms"]:
-            algo["options"].pop("inject_delay_ms", None)
+        for options in (doc["train"], *(algo["options"] for algo in doc["algorithms"])):
+            for key in INJECTED_OPTIONS:
+                options.pop(key, None)
         canon = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 

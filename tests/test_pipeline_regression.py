@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pipelines.report import comparison, regression_check
 from pipelines.report_regression import check_runs, check_throughput, describe, markdown, prediction_test
 from pipelines.spec import RegressionSpec, load_spec
 from training.config import ConfigError, build_config
+from training.trainer import inject_delay
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = "m-ssgd-allreduce-w2-b32"
@@ -169,6 +171,8 @@ def test_the_injected_delay_and_the_regression_section_keep_the_spec_hash() -> N
     injected = load_spec(nightly, {"train.inject_delay_ms": 20, "regression.alpha": 0.01})
     assert injected.spec_hash() == base.spec_hash()
     assert injected.train["inject_delay_ms"] == 20
+    busy = load_spec(nightly, {"train.inject_delay_ms": 20, "train.inject_busy": True})
+    assert busy.spec_hash() == base.spec_hash() and busy.train["inject_busy"] is True
     assert load_spec(nightly, {"train.lr": 0.06}).spec_hash() != base.spec_hash()
 
 
@@ -546,3 +550,17 @@ def test_the_detection_probability_is_continuous_where_its_quadrature_changes(va
     for df in (299.0, 301.0, 400.0, 2000.0, 9999.0):
         d = detectable_slowdown(var, df, 0.01, 0.05)
         assert 0.05 <= d <= 1 and math.isfinite(d)
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.floats(0.005, 0.03))
+def test_a_busy_injected_delay_is_cpu_work_of_the_rank_and_a_sleep_is_none(seconds: float) -> None:
+    """A busy delay is what a slower kernel is: that much more CPU time of the rank's thread
+    (its wall time is at least that, more where the core is shared); a sleep costs no CPU."""
+    before = time.thread_time()
+    inject_delay(seconds, busy=True)
+    assert time.thread_time() - before >= seconds
+    before, wall = time.thread_time(), time.perf_counter()
+    inject_delay(seconds, busy=False)
+    assert time.perf_counter() - wall >= seconds
+    assert time.thread_time() - before < seconds / 2

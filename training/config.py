@@ -120,7 +120,11 @@ class TrainConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, description="Complete checkpoints kept on disk.")
     max_restarts: int = Field(0, ge=0, le=100, description="torchrun restarts of a failed job (resumes).")
     inject_delay_ms: float = Field(
-        0.0, ge=0, le=60000, description="Sleep this long in every iteration (tests the regression alarm)."
+        0.0, ge=0, le=60000, description="Slow every iteration by this long (tests the regression alarm)."
+    )
+    inject_busy: bool = Field(
+        False, description="Spend inject_delay_ms as CPU work of the rank (a slower kernel, as a code regression "
+        "is) instead of a sleep, which frees the core to the other ranks.",
     )
 
     @model_validator(mode="after")

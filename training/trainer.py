@@ -151,7 +151,7 @@ class Trainer:
                     x, y = self.train_set.batch(self.sampler.indices(t, self.rank))
                     x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                     if cfg.inject_delay_ms:  # a known slowdown, to test the regression alarm
-                        time.sleep(cfg.inject_delay_ms / 1e3)
+                        inject_delay(cfg.inject_delay_ms / 1e3, busy=cfg.inject_busy)
                 self.layer_timer.arm(t)
                 with tl.phase("forward"):
                     loss = F.cross_entropy(logits_of(model(x)), y)
@@ -264,3 +264,15 @@ def _open_metrics(path: Path, done: int):
     f.writelines(line + "\n" for line in kept)
     f.flush()
     return f
+
+
+def inject_delay(seconds: float, busy: bool) -> None:
+    """Slow the iteration by `seconds`: a sleep, or as much CPU time of this thread spent spinning.
+    A code regression is more work on the rank's core; where ranks share cores, a sleep instead
+    hands the core to the others, which then run faster, so the iteration slows by less."""
+    if not busy:
+        time.sleep(seconds)
+        return
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
