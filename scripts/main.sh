@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Set up, then run the main job on the embedded defaults: the nightly benchmark
 # DAG `ddlbench_nightly` once, through Airflow (`airflow dags test`, no scheduler)
-# against a SQLite Airflow home inside the project's home, on the smoke spec
-# (SSGD vs ASGD vs OD-SGD, local provider, SQLite MLflow) or the spec given as
-# the one argument (`bash scripts/main.sh specs/validation/onehost-gpt-mini.yaml`); then print the
-# comparison and how to open the MLflow UI. Everything lands in
+# against a SQLite Airflow home inside the project's home, on the demo spec
+# (specs/demo.yaml: the small GPT, SSGD vs ASGD vs OD-SGD, local provider, SQLite MLflow)
+# or the spec given as the one argument (`bash scripts/main.sh specs/smoke.yaml`); then
+# print the comparison and how to open the MLflow UI. Everything lands in
 # ${DDLBENCH_HOME:-<repo>/.ddlbench}: airflow/, runs/<run key>/, mlflow.db, mlartifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ echo "== Airflow home $AIRFLOW_HOME (log: $log)"
 "$airflow" db migrate >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
 "$airflow" pools import infra/deploy/airflow/pools.json >>"$log" 2>&1 || { tail -40 "$log"; exit 1; }
 
-spec=$(realpath -m "${1:-$repo/specs/smoke.yaml}")
+spec=$(realpath -m "${1:-$repo/specs/demo.yaml}")
 [ -f "$spec" ] || { echo "main.sh: spec: no file $spec" >&2; exit 2; }
 echo "== airflow dags test ddlbench_nightly (spec: ${spec#"$repo"/})"
 conf=$(.venv/bin/python -c 'import json, sys; print(json.dumps({"spec_path": sys.argv[1], "home": sys.argv[2]}))' \
