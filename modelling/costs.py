@@ -158,21 +158,26 @@ class CommCosts:
         ]
 
     def asgd_reply_tail(self, workers: int, servers: int) -> list[Callable[[float], float]] | None:
-        """Per worker, bytes of the model -> seconds that the link still carried a shard's reply
-        after the shard had returned from sending it, as the microbenchmark timed it in ASGD's
-        pattern for this very world; None for another world, a what-if bandwidth or an older
-        file. Interpolated over the sizes; outside them, the nearest end's: past the largest,
-        the bytes still in flight when a send returns (the socket's buffer, the qdisc's queue,
-        TCP's window) no longer grow with the message (and a reply smaller than the smallest
-        is buffered whole, which Fabric.reply_on_link caps at its transfer)."""
+        """Per worker, bytes of the model -> seconds that the link still carries a shard's reply
+        after the shard has returned from sending it, from what the microbenchmark timed in
+        ASGD's pattern for this very world; None for another world, a what-if bandwidth or an
+        older file. A blocking send returns once the kernel holds the rest of the message (the
+        socket's send buffer, the qdisc's queue, TCP's window): the link then carries what those
+        hold, which does not shrink as the message grows, or the whole reply where it is
+        smaller. So a reply's tail is the one measured for the smallest size at least as large
+        (past the largest, the largest's); Fabric.reply_on_link caps it at the reply's own time
+        on the link. Not a line through the sizes: the tail rises and then flattens, and a line
+        across the bend falls short of it."""
         f = self._measured_here("asgd", workers, servers, "reply_tail_s")
         if f is None:
             return None
         sizes = np.asarray(f["sizes"], dtype=float)
+        order = np.argsort(sizes)
+        sizes = sizes[order]
 
         def tail(series: list[float]) -> Callable[[float], float]:
-            ts = np.asarray(series, dtype=float)
-            return lambda m: max(_local_linear(sizes, ts, float(np.clip(m, sizes[0], sizes[-1]))), 0.0)
+            ts = np.maximum(np.asarray(series, dtype=float)[order], 0.0)
+            return lambda m: float(ts[min(int(np.searchsorted(sizes, m)), len(ts) - 1)])
 
         return [tail(series) for series in f["reply_tail_s"]]
 

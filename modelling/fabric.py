@@ -312,17 +312,22 @@ class Fabric:
     def reply_on_link(self, k: int, s: int) -> float | None:
         """The fraction of shard s's reply to class k that a link still carries once the shard
         has returned from sending it: a socket send returns once the kernel has taken the
-        bytes (up to half of tcp_wmem's ceiling; the qdisc's queue and TCP's window hold more),
-        so the shard goes back to receiving while the link drains them. As the microbenchmark
-        timed it where it did, else the send buffer's part. None where the reply crosses no
+        bytes (the socket's send buffer, the qdisc's queue and TCP's window hold them), so the
+        shard goes back to receiving while the link drains them: at most the reply's own time
+        on the link. As the microbenchmark timed it where it did, else the send buffer's bytes
+        (half of tcp_wmem's ceiling) at the link's byte time. None where the reply crosses no
         link (one host, within a node): there the copy is the transfer, and the loop holds it."""
         if self.link_class(k, s) != "link":
             return None
         w, nbytes, one = self.w, self.shard_bytes[s], self.asgd_one(k, s)
+        if not nbytes or one <= 0:
+            return 1.0
+        wire = max(self.one(k, s, nbytes) - self.one(k, s, 0), 0.0)  # the reply's bytes on the link
         if w.asgd_reply_tail_s is not None:
-            tail = w.asgd_reply_tail_s[self.first_worker[k]](nbytes * self.servers)
-            return min(tail / one, 1.0) if one > 0 else 1.0
-        return min(w.send_buffer_bytes / nbytes, 1.0) if nbytes else 1.0
+            tail = min(w.asgd_reply_tail_s[self.first_worker[k]](nbytes * self.servers), wire)
+        else:
+            tail = min(w.send_buffer_bytes / nbytes, 1.0) * wire
+        return min(tail / one, 1.0)
 
     def push_in_buffers(self, k: int, s: int) -> float:
         """The fraction of a push within a node that lies in the two ends' socket buffers while
