@@ -279,6 +279,28 @@ def test_two_paces_are_read_over_the_window_every_worker_runs_in() -> None:
     assert shared_paces([[0.0], [0.0, 1.0]]) is None
 
 
+@settings(max_examples=30, deadline=None)
+@given(pause=st.floats(0.05, 2.0), during=st.floats(0.01, 0.2), at=st.integers(3, 15))
+def test_an_evaluation_is_no_part_of_the_paces(pause: float, during: float, at: int) -> None:
+    """The lead worker evaluates after some steps: it stops stepping while the other steps on,
+    at whatever pace a shard to itself gives (`during`). Neither is training: the paces read
+    between the pauses are the training paces, 100 ms and 50 ms, however long the pause."""
+    w0 = [0.1 * i for i in range(at + 1)]
+    w1 = [0.05 * i for i in range(2 * at + 1)]
+    t = w0[-1]
+    w1 += [t + during * k for k in range(1, int(pause / during) + 1) if during * k < pause]
+    w0 += [t + pause + 0.1 * i for i in range(1, 11)]
+    w1 += [t + pause + 0.05 * i for i in range(0, 21)]
+    paces = shared_paces([w0, w1], pauses=[[t, t + pause]])
+    assert paces == pytest.approx([0.1, 0.05], rel=1e-9)
+    evaluated = {"eval": [t, t + pause]}  # on the lead's record of the step it follows
+    records = [{"role": "worker", "rank": r, "step": i, "end": e, **(evaluated if (r, i) == (0, at) else {})}
+               for r, ends in enumerate([w0, w1]) for i, e in enumerate(ends)]
+    assert worker_paces(records, skip=1) == pytest.approx([0.1, 0.05], rel=1e-9)
+    # Read across the pause, the evaluating worker looks slower by it.
+    assert shared_paces([w0, w1])[0] > 0.1 * (1 + 0.5 * pause / (w0[-1] - pause))
+
+
 def test_placed_on_nodes_the_loopback_corrections_do_not_apply() -> None:
     """Measured in namespaces of one host (one hostname), the ranks still talk over links:
     no copying on the CPU, no host-core bound."""

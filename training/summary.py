@@ -35,7 +35,8 @@ def iteration_times(records: list[dict[str, Any]], skip: int) -> list[float]:
     return out
 
 
-def shared_paces(ends: list[list[float]], last: float = 1.0) -> list[float] | None:
+def shared_paces(ends: list[list[float]], last: float = 1.0,
+                 pauses: list[list[float]] | None = None) -> list[float] | None:
     """Each worker's period while every worker is running, from their iteration end times.
 
     The window spans whole iterations of the slowest worker (the last `last` fraction of
@@ -47,7 +48,27 @@ def shared_paces(ends: list[list[float]], last: float = 1.0) -> list[float] | No
     step twice per step of a remote one, in alternating short and long iterations, so
     neither the pooled median nor its own median is its pace, and a fast worker's steps
     after a slow one has stopped are not. None where the window holds fewer than two of the
-    slowest worker's iteration ends."""
+    slowest worker's iteration ends.
+
+    `pauses` ([start, end] intervals: the lead worker's evaluations) are not training: the
+    evaluating worker stops stepping, and the others meanwhile step against shards it leaves
+    to them. The paces are then read in the stretches between pauses (each its own window,
+    the whole of it) and pooled: the windows' time over the iterations made in them."""
+    if not pauses:
+        window = _window(ends, last)
+        return None if window is None else [window[0] / n for n in window[1]]
+    edges = [-np.inf, *(t for p in sorted(pauses) for t in p), np.inf]
+    total, made = 0.0, [0.0] * len(ends)
+    for a, b in zip(edges[::2], edges[1::2], strict=True):
+        window = _window([[t for t in e if a <= t <= b] for e in ends], 1.0)
+        if window is not None:
+            total += window[0]
+            made = [m + n for m, n in zip(made, window[1], strict=True)]
+    return None if total <= 0 or min(made) <= 0 else [total / n for n in made]
+
+
+def _window(ends: list[list[float]], last: float) -> tuple[float, list[float]] | None:
+    """`shared_paces`' window: its length and the iterations each worker made in it."""
     if not ends or any(len(e) < 2 for e in ends):
         return None
     lo, hi = max(e[0] for e in ends), min(e[-1] for e in ends)
@@ -57,14 +78,15 @@ def shared_paces(ends: list[list[float]], last: float = 1.0) -> list[float] | No
         return None
     t0, t1 = slow[0], slow[-1]
     made = [float(np.diff(np.interp([t0, t1], e, np.arange(len(e))))[0]) for e in ends]
-    return None if min(made) <= 0 else [(t1 - t0) / n for n in made]
+    return None if min(made) <= 0 else (t1 - t0, made)
 
 
 def worker_paces(records: list[dict[str, Any]], skip: int) -> list[float]:
     """`shared_paces` of the measured iterations (each worker's ends from the last warm-up
-    iteration's on)."""
+    iteration's on), the evaluations that follow some of them (`eval`) left out."""
     ends = [[r["end"] for r in recs if r["step"] >= skip - 1] for recs in _by_worker(records).values()]
-    return shared_paces(ends) or []
+    pauses = [r["eval"] for r in records if r.get("eval")]
+    return shared_paces(ends, pauses=pauses) or []
 
 
 def timing_figures(cfg: TrainConfig, records: list[dict[str, Any]], steps: int) -> dict[str, Any]:
