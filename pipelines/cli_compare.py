@@ -89,7 +89,7 @@ def _compare(
     from rich.text import Text
 
     from pipelines.context import default_home, default_tracking_uri
-    from pipelines.report_console import comparison_table
+    from pipelines.report_console import comparison_table, language_model_table
 
     uri = tracking_uri or default_tracking_uri((home or default_home()).resolve())
     client = MlflowClient(tracking_uri=uri)
@@ -108,6 +108,8 @@ def _compare(
         )
         if run["table"]:
             console.print(comparison_table(run["table"], run["best"], title=title))
+            if (lm := language_model_table(run["table"])) is not None:
+                console.print(lm)
         else:
             console.print(Text(f"{title}\n  no finished training runs in MLflow\n"))
 

@@ -119,6 +119,29 @@ def comparison_table(table: list[dict[str, Any]], best: dict[str, dict[str, Any]
     return t
 
 
+def language_model_table(table: list[dict[str, Any]]) -> Table | None:
+    """The language models' figures (tokens/s, MFU, evaluation loss and the time to its target),
+    which their token accuracy in the comparison does not tell; None without a language model."""
+    rows = [r for r in table if r.get("tokens_per_s_median") is not None]
+    if not rows:
+        return None
+    t = Table(title=Text("language models"), box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("config", no_wrap=True, min_width=max(len(r["config"]) for r in rows))
+    for name in ("tokens/s", "MFU", "final test loss", "target loss", "time to target loss s"):
+        t.add_column(name, justify="right")
+    for r in rows:
+        cells = (
+            r["config"],
+            fmt_spread(r["tokens_per_s_median"], r["tokens_per_s_min"], r["tokens_per_s_max"], 5, "", "\n"),
+            fmt_spread(r["mfu_median"], r["mfu_min"], r["mfu_max"], 3, "", "\n"),
+            fmt(r["final_test_loss_median"]),
+            fmt(r["target_loss"]),
+            fmt_spread(r["time_to_loss_median_s"], r["time_to_loss_min_s"], r["time_to_loss_max_s"], 4, "", "\n"),
+        )
+        t.add_row(*(Text(c) for c in cells))
+    return t
+
+
 def print_summary(summary: dict[str, Any], out: Path | None = None) -> None:
     """One training run: configuration, speed, iteration breakdown, accuracy."""
     t = Table(

@@ -57,6 +57,9 @@ if [ -f "$run_dir/report/report.md" ]; then
   echo "== Comparison (report: $run_dir/report/report.md)"
   [ -t 1 ] || export COLUMNS=${COLUMNS:-100}  # rich tables are 80 wide when not on a terminal
   .venv/bin/ddlbench compare --suite "${experiment#ddlbench-}" --home "$DDLBENCH_HOME" || cat "$run_dir/report/report.md"
+  # The model's predictions against this run's measured iterations (the report's section, to
+  # its interval table).
+  sed -n '/^## Predicted vs measured/,/^### /{/^### /!p}' "$run_dir/report/report.md"
 fi
 cat <<MSG
 

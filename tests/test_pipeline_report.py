@@ -4,14 +4,24 @@ regression check is in test_pipeline_regression.py)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console
 
 from pipelines.report import best_per_config, comparison, figures
-from pipelines.report_console import comparison_table, fmt_scaling, fmt_spread, fmt_time_to_target
+from pipelines.report_console import (
+    comparison_table,
+    fmt,
+    fmt_scaling,
+    fmt_spread,
+    fmt_time_to_target,
+    language_model_table,
+)
 from pipelines.report_plots import plot_names
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,6 +202,30 @@ def test_the_terminal_comparison_fits_100_columns_and_marks_the_best() -> None:
     assert all("-v" in line.split()[0] or "-w1-" in line.split()[0] for line in marked)
     text = "\n".join(lines)
     assert "samples/s" in text and "not reached" in text and " s" in text
+
+
+@given(st.lists(st.tuples(st.floats(1e3, 1e6), st.floats(0.01, 0.9), st.floats(1.0, 5.0), st.floats(1.0, 99.0)),
+                min_size=1, max_size=3))
+def test_a_language_models_figures_reach_the_terminal(repeats: list[tuple[float, float, float, float]]) -> None:
+    """tokens/s, MFU, the evaluation loss and the time to the target loss: medians over the
+    repeats, in a table of their own that fits 100 columns; a CNN's table has none."""
+    runs = []
+    for i, (tokens, mfu, loss, ttl) in enumerate(repeats):
+        run = _run("ssgd-allreduce", 2, tokens / 32, i, model="gpt-mini-T32")
+        run["summary"] |= {"throughput_tokens_per_s": tokens, "mfu": mfu, "final_test_loss": loss,
+                           "target_loss": 3.0, "time_to_loss_s": ttl if loss <= 3.0 else None,
+                           "target_reached": loss <= 3.0}
+        runs.append(run)
+    [row] = comparison(runs)
+    console = Console(width=100, record=True)
+    console.print(language_model_table([row]))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    [line] = [ln for ln in text.splitlines() if ln.split()[:1] == [row["config"]]]
+    assert line.split()[1:3] == [fmt(statistics.median(t for t, *_ in repeats), 5),
+                                 fmt(statistics.median(m for _, m, *_ in repeats), 3)]
+    assert line.split()[3] == fmt(statistics.median(loss for *_, loss, _ in repeats))
+    assert language_model_table(comparison([_run("ssgd-allreduce", 2, 100.0, 0)])) is None
 
 
 def test_plots_with_one_point_are_not_drawn() -> None:
