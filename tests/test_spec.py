@@ -44,6 +44,23 @@ def test_shipped_specs_load_and_expand_to_their_grids() -> None:
     assert nightly.experiment == "ddlbench-nightly"
 
 
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(REPO)) for p in (REPO / "specs").rglob("*.yaml")))
+def test_every_checked_in_spec_loads(path: str) -> None:
+    assert grid(load_spec(REPO / path))
+
+
+def test_the_demo_runs_every_algorithm_on_the_gpt_to_a_target_loss() -> None:
+    """What scripts/main.sh runs by default: every update algorithm, judged by a loss it reaches
+    (the spec's comment gives the seeds behind the target)."""
+    assert 'specs/demo.yaml' in (REPO / "scripts" / "main.sh").read_text()
+    demo = load_spec(REPO / "specs" / "demo.yaml")
+    configs = [e["config"] for e in grid(demo)]
+    assert {(c["algorithm"], c["comm"]) for c in configs} == {
+        ("ssgd", "allreduce"), ("ssgd", "ps"), ("odsgd", "ps"), ("asgd", "ps")
+    }
+    assert {(c["model"], c["target_loss"], c["target_accuracy"]) for c in configs} == {("gpt-mini", 2.7, None)}
+
+
 def test_the_one_worker_baseline_is_added_when_the_spec_asks_for_scaling() -> None:
     smoke = load_spec(SMOKE)  # one world size and no `scaling`: no baseline
     assert all(e["config"]["workers"] == 2 for e in grid(smoke))
