@@ -104,14 +104,17 @@ def host_busy_s() -> float:
 HOST_CPU_LOOP_S = 0.5
 
 
-def _host_cpu_s(op, times: list[float], busy_before: float | None, gap_s: float, computes: bool,
-                computing: int) -> float | None:
+def _host_cpu_s(op, times: list[float], busy_before: tuple[float, float] | None, gap_s: float, computes: bool,
+                computing: int) -> dict[str, float | None]:
     """The host's CPU-seconds per operation, less the computation of the `computing` ranks
     before each, over the timed loop just run (its warm-up and repeats; `busy_before` read
     by rank 0 before it, None on the others) and, where that loop was shorter
     than HOST_CPU_LOOP_S, as many more operations as make it up (a tick is 10 ms a core;
     6 operations of a few ms would read as 0 or a multiple of it). Collective: every rank
-    calls it with the same `times` (from _round_times) and takes part in the extra ones."""
+    calls it with the same `times` (from _round_times) and takes part in the extra ones.
+    `busy_before`: rank 0's (host_busy_s(), time.monotonic()) before the timed loop. Also the
+    loop's wall time per operation (host_cpu_wall_s): the CPU time is read over it, and its
+    slow operations make it longer than the timed repeats' mean."""
     per_op = statistics.median(times) + gap_s
     done = len(times) + 1
     extra = max(math.ceil(HOST_CPU_LOOP_S / max(per_op, 1e-4)) - done, 0)
@@ -123,8 +126,11 @@ def _host_cpu_s(op, times: list[float], busy_before: float | None, gap_s: float,
         op()
     dist.barrier()
     if busy_before is None:  # not rank 0
-        return None
-    return (host_busy_s() - busy_before) / (done + extra) - computing * gap_s
+        return {"host_cpu_s": None, "host_cpu_wall_s": None}
+    cpu, wall = busy_before
+    ops = done + extra
+    return {"host_cpu_s": (host_busy_s() - cpu) / ops - computing * gap_s,
+            "host_cpu_wall_s": (time.monotonic() - wall) / ops}
 
 
 def trimmed_mean(times: list[float], cut: float = 0.2) -> float:

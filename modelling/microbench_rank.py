@@ -128,11 +128,11 @@ def run(out: Path) -> int:
         buf = torch.ones(numel, pin_memory=dev.pin)
         if n > 1:
             op = dev.allreduce_op(buf, rank < n)
-            busy = host_busy_s() if rank == 0 else None
+            busy = (host_busy_s(), time.monotonic()) if rank == 0 else None
             stamps = _timed(op, repeats, gap, computes=rank < n, offset_s=offset)
             row = _row("allreduce", n, 0, numel * 4, _round_times(stamps, range(n)))
             if one_host:
-                row["host_cpu_s"] = _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
+                row |= _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
             rows.append(row)
         for primitive, (a, b) in pairs.items():  # one ping-pong per link class the placement uses
             stamps = _timed(lambda b_=buf, a=a, b=b: _ping_pong(b_, rank, a, b), repeats, gap,
@@ -144,7 +144,7 @@ def run(out: Path) -> int:
             # would time the kernel's page faults and zeroing, not the transfer.
             recv = _push_pull_buffers(numel, rank, n, s, dev.pin)
             posts: list[float] = []
-            busy = host_busy_s() if rank == 0 else None
+            busy = (host_busy_s(), time.monotonic()) if rank == 0 else None
             stamps = _timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
                             computes=rank < n, offset_s=offset)
             row = _row("ps", n, s, numel * 4, _round_times(stamps, range(n))) | placed
@@ -152,7 +152,7 @@ def run(out: Path) -> int:
             row["pull_lead_s"] = _pull_lead(stamps, n, placed.get("node_of_rank"))
             if one_host:
                 op = lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout)  # noqa: E731
-                row["host_cpu_s"] = _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
+                row |= _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
             rows.append(row)
             # As many passes as a host-CPU loop lasts, at least `repeats`: a pass's time has a
             # long tail (a shard that waits a time slice for a core), and 5 samples miss it.

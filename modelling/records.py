@@ -36,6 +36,7 @@ class CommRow(_Record):
     post_s: float | None = None  # a PS round: the workers' time to post it
     pull_lead_s: float | None = None  # a PS round: the first remote pull back before the last
     host_cpu_s: float | None = None  # the host's CPU time of one round (every rank on one host)
+    host_cpu_wall_s: float | None = None  # the wall time per round of the loop it was read over
     worker_mean_s: list[float] | None = None  # ASGD: each worker's pass
     reply_tail_s: list[float] | None = None  # ASGD: each reply's time on the link after its send
 

@@ -65,11 +65,12 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
         assert all(r["pull_lead_s"] is None for r in rounds)
     # Every rank shares this host's cores: each round records the host's CPU time for it, which
     # grows with the bytes (16 MB more move in the largest, at well over 0.2 ns of CPU a byte)
-    # and stays within what the cores can give over the round.
+    # and stays within what the cores can give over the loop it was read over (whose slow
+    # rounds make it longer than the timed repeats' mean: that is no bound).
     cores = comm["environment"]["cpu_count"]
     assert comm["environment"]["hosts"] == 1
     assert rounds[-1]["host_cpu_s"] - rounds[0]["host_cpu_s"] > 4 * (4 << 20) * 0.2e-9
-    assert all(r["host_cpu_s"] <= cores * r["mean_s"] * 1.5 for r in rounds)
+    assert all(r["host_cpu_s"] <= cores * r["host_cpu_wall_s"] for r in rounds)
     # ASGD's pass is timed in ASGD's own pattern, per worker: a worker across a link pushes and
     # pulls 4 MiB at its rate (less the burst); a colocated shard's own worker crosses none.
     passes = [r for r in comm["measurements"] if r["primitive"] == "asgd"]
