@@ -45,7 +45,7 @@ class Costs:
     server_apply_s: float = 0.0  # async shard: apply one push
     straggle_s: float = 0.0  # a barrier's expected wait for the slowest of the N workers
     # What the comm model says this world's transfers cost, where they run: the fabric's.
-    wire: Wire = field(default_factory=lambda: Wire())
+    wire: Wire = field(default_factory=Wire)
 
     @property
     def model_bytes(self) -> int:

@@ -140,9 +140,8 @@ class Wire:
     asgd_pass_s: Sequence[Callable[[float], float]] | None = None
     # Per worker rank, the model's bytes -> seconds that the link still carries an ASGD reply
     # after the shard has returned from sending it, as the microbenchmark timed it; None: the
-    # socket's `send_buffer_bytes` at the transfer's rate.
+    # socket's `send_buffer_bytes` at the link's byte time.
     asgd_reply_tail_s: Sequence[Callable[[float], float]] | None = None
-
 
 
 class Fabric:

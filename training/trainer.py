@@ -189,8 +189,9 @@ class Trainer:
                         e0 = tl.now()
                         row["accuracy"], row["test_loss"] = evaluate(self.net, self.test_set, self.device)
                         self._note_target(row["accuracy"], row["test_loss"], row["time_s"], t + 1)
-                        rec["eval"] = [e0, tl.now()]  # not training: the paces leave it out
-                        self.eval_time += tl.now() - e0
+                        e1 = tl.now()
+                        rec["eval"] = [e0, e1]  # not training: the paces leave it out
+                        self.eval_time += e1 - e0
                         last_end = tl.now()
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
