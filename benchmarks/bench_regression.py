@@ -15,8 +15,9 @@
    runs drawn from the recording (with replacement), tonight's from the unslowed (A/A), 10% or 20%
    runs; with confirmation, an alarm stands only if a rerun (another draw of the same kind) alarms
    too. Prints the false-alarm rate per config and night (target <= 2%) and the detection rates
-   (targets >= 80% at 10%, >= 95% at 20%) with 95% Wilson intervals, for the alarm (relative to the
-   canary, with and without confirmation), its raw test alone, and the old rule (the median against
+   (targets >= 80% at 10%, >= 95% at 20%) with 95% Wilson intervals, for the alarm (with and
+   without confirmation: relative to the canary where the canary moved, raw elsewhere), its raw
+   and relative tests alone, and the old rule (the median against
    the last run's median, 10% threshold, every repeat below), all on the same draws.
 
 Resampling draws runs independently, so slow drifts of the machine's load (an evening of slow runs)
@@ -118,8 +119,8 @@ def old_rule(now: list[float], history: list[list[float]], drop: float = 0.10) -
 
 def replay(records: dict[str, list[dict[str, Any]]], kind: str, spec: RegressionSpec, runs: int, repeats: int,
            trials: int, seed: int) -> dict[str, int]:
-    """Alarms over `trials` nights: the alarm without and with confirmation, its raw test alone, the
-    old rule; history from the unslowed runs, tonight (and its rerun) from `kind`."""
+    """Alarms over `trials` nights: the alarm without and with confirmation, its raw and relative
+    tests alone, the old rule, the nights the canary moved; history from the unslowed runs, tonight (and its rerun) from `kind`."""
     rng = np.random.default_rng(seed)
     base, now_pool = records["aa"], records[kind]
 
@@ -127,13 +128,15 @@ def replay(records: dict[str, list[dict[str, Any]]], kind: str, spec: Regression
         picks = [pool[i] for i in rng.integers(len(pool), size=repeats)]
         return run_level(picks), [math.exp(p["log_thr"]) for p in picks]
 
-    counts = dict.fromkeys(("alarm", "confirmed", "raw", "old"), 0)
+    counts = dict.fromkeys(("alarm", "confirmed", "raw", "relative", "moved", "old"), 0)
     for _ in range(trials):
         hist = [draw(base) for _ in range(runs)]
         now, now_thr = draw(now_pool)
         res = check_runs(now, [h for h, _ in hist], spec, power=False)
         counts["alarm"] += res["regressed"]
         counts["raw"] += res["raw"]["regressed"]
+        counts["relative"] += bool(res["normalised"] and res["normalised"]["regressed"])
+        counts["moved"] += res["basis"] == "canary"
         counts["old"] += old_rule(now_thr, [t for _, t in hist])
         if res["regressed"]:
             counts["confirmed"] += check_runs(draw(now_pool)[0], [h for h, _ in hist], spec, power=False)["regressed"]
@@ -196,13 +199,14 @@ def main() -> None:
         for runs in args.history:
             print(f"  history {runs} runs x {repeats} repeat(s):")
             for kind, goal in goals.items():
-                total = dict.fromkeys(("alarm", "confirmed", "raw", "old"), 0)
+                total = dict.fromkeys(("alarm", "confirmed", "raw", "relative", "moved", "old"), 0)
                 for i, kinds in enumerate(records.values()):
                     got = replay(kinds, kind, spec, runs, repeats, args.trials, seed=1000 * i + 10 * runs + repeats)
                     total = {k: total[k] + got[k] for k in total}
                 n = args.trials * len(records)
                 print(f"    {goal:24s} alarm {_rate(total['alarm'], n)}; confirmed {_rate(total['confirmed'], n)}; "
-                      f"raw test {_rate(total['raw'], n)}; old rule {_rate(total['old'], n)}")
+                      f"raw test {_rate(total['raw'], n)}; relative test {_rate(total['relative'], n)}; "
+                      f"old rule {_rate(total['old'], n)}; canary moved {total['moved'] / n:.1%}")
 
 
 if __name__ == "__main__":

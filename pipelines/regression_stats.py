@@ -121,6 +121,18 @@ def prediction_test(now: list[float], history: list[float], log: bool, below: bo
     return {"p_value": p, "effect": back(d), "effect_ci": [back(d - half), back(d + half)]}
 
 
+def host_moved(now: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the host's speed (the canary) moved tonight beyond the history's run-to-run spread of
+    it: the two-sided prediction-interval t test of this run's mean log canary speed against the
+    history runs' (k - 1 degrees of freedom); p-value and the relative change."""
+    cs = [h["canary_log"] for h in history]
+    k = len(cs)
+    d = now["canary_log"] - statistics.fmean(cs)
+    se = statistics.stdev(cs) * math.sqrt(1 + 1 / k)
+    p = float(2 * stats.t.sf(abs(d) / se, k - 1)) if se > 0 else (0.0 if d != 0 else 1.0)
+    return {"p_value": p, "change": math.expm1(d)}
+
+
 def _figure(run: dict[str, Any], normalised: bool) -> float:
     return run["log_thr"] - run["canary_log"] if normalised else run["log_thr"]
 

@@ -10,8 +10,9 @@ Test, per config, on log throughput (pipelines/regression_stats.py, docs/regress
 (a history run or this one) is one value, the mean of its repeats' logs, with a within-run variance
 from its own steps (batch means); the test's variance combines the history's between-run spread with
 the runs' within-run noise. It is made twice: on the raw throughput, and relative to the host-speed
-canary each run timed (training/canary.py), which decides when every run has a canary, so a host
-slower tonight for every workload is no regression of one. A regression needs p < `regression.alpha`
+canary each run timed (training/canary.py). The relative test decides where tonight's canary moved
+beyond the history's spread of it (a host slower tonight for every workload is no regression of
+one), the raw test elsewhere (the canary's own noise would blunt it). A regression needs p < `regression.alpha`
 AND a slowdown larger than `regression.min_effect`: a significant 1% change is no alarm. Each check
 states its power, `detectable_slowdown` (the smallest slowdown caught with 95% probability), and the
 change points of the configuration's history. A confirmation rerun (pipelines/stages/confirm.py)
@@ -37,8 +38,9 @@ STATISTIC = (
     "one-sided t test of this run's mean log throughput over repeats against the run-level distribution "
     "of the history (same spec hash and hardware), its variance the history's between-run spread plus "
     "each run's within-run noise (batch means of its steps); made raw and relative to the host-speed "
-    "canary, which decides; a regression needs p < alpha and a slowdown above min_effect, and stands "
-    "only if a rerun agrees"
+    "canary, which decides where the canary moved beyond its spread in the history (two-sided, "
+    "p < host_alpha), the raw one elsewhere; a regression needs p < alpha and a slowdown above "
+    "min_effect, and stands only if a rerun agrees"
 )
 INJECTED = "inject_delay_ms"
 
@@ -92,12 +94,26 @@ def find_history(tracker: Any, ctx: dict[str, Any], size: int) -> list[dict[str,
 def check_runs(now: dict[str, Any], history: list[dict[str, Any]], spec: Any, power: bool = True) -> dict[str, Any]:
     """This run's run-level figures (regression_stats.run_level) against the history runs': the
     raw test, the test relative to the canary (when every run has one), the deciding one's figures
-    at the top level, and the change of the host's canary speed."""
+    at the top level, and the change of the host's canary speed with its test.
+
+    The canary-relative test decides only where the host moved: tonight's canary outside the
+    history's spread of it (two-sided, p < host_alpha). Dividing by the canary also adds the
+    canary's own run-to-run noise to the throughput's, which costs the alarm its power on a host
+    that did not move; where the host did, the raw throughput carries the host's change and only
+    the relative test can tell a slower workload from it."""
     raw = rs.run_test(now, history, False, spec.alpha, spec.min_effect, power)
     canaried = now["canary_log"] is not None and all(h["canary_log"] is not None for h in history)
     norm = rs.run_test(now, history, True, spec.alpha, spec.min_effect, power) if canaried else None
-    host = math.exp(now["canary_log"] - statistics.fmean(h["canary_log"] for h in history)) - 1 if canaried else None
-    return {**(norm or raw), "raw": raw, "normalised": norm, "host_change": host, "history_runs": len(history)}
+    host = rs.host_moved(now, history) if canaried else None
+    moved = host is not None and host["p_value"] < spec.host_alpha
+    return {
+        **(norm if moved else raw),
+        "raw": raw,
+        "normalised": norm,
+        "host_change": host["change"] if host else None,
+        "host_p_value": host["p_value"] if host else None,
+        "history_runs": len(history),
+    }
 
 
 def check_throughput(now: list[float], history: list[list[float]], spec: Any) -> dict[str, Any]:
@@ -287,7 +303,11 @@ def power_lines(check: dict[str, Any]) -> list[str]:
         if c.get("detectable_slowdown") is None:
             continue
         basis = "relative to the canary" if c["basis"] == "canary" else "raw"
-        host = f"; the host's canary ran {c['host_change']:+.0%} against the history" if c.get("host_change") else ""
+        host = ""
+        if c.get("host_p_value") is not None:
+            moved = "moved" if c["basis"] == "canary" else "within its spread"
+            host = (f"; the host's canary ran {c['host_change']:+.0%} against the history, "
+                    f"p {c['host_p_value']:.2g}: {moved}")
         out.append(f"- {c['config']}: this run would have caught a slowdown of {c['detectable_slowdown']:.0%} or "
                    f"more (95% probability at alpha {c['alpha']:.3g}, {basis}, {c['history_runs']} history runs{host})")
     return out

@@ -248,6 +248,13 @@ class RegressionSpec(Section):
         lt=1,
         description="Smallest throughput slowdown (fraction) that is a regression, however significant.",
     )
+    host_alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Significance of the two-sided test that the host's canary moved; where it did, the test "
+        "relative to the canary decides, elsewhere the raw one.",
+    )
     prediction_error_rise: float = Field(
         0.10, gt=0, description="Smallest rise of the median absolute prediction error (absolute) that is a regression."
     )
