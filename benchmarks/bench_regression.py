@@ -34,6 +34,8 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,13 +55,29 @@ LOCK = Path("/tmp/ddlbench-cluster.lock")
 KINDS = {"aa": 0.0, "slow10": 0.10, "slow20": 0.20}
 
 
-def record(rounds: int, spec_path: Path, save: Path, steps: int | None, inject: str = "busy") -> dict[str, Any]:
+TENANT = """
+import random, sys, time
+rng = random.Random(int(sys.argv[1]))
+while True:  # on, then off, for 0.2-3 s each: the host's speed changes within and between runs
+    end = time.monotonic() + rng.uniform(0.2, 3.0)
+    while time.monotonic() < end:
+        pass
+    time.sleep(rng.uniform(0.2, 3.0))
+"""
+
+
+def tenants(count: int) -> list[subprocess.Popen]:
+    """`count` processes of other work, each in a session of its own as another user's job is,
+    busy about half the time in spells of random length."""
+    return [subprocess.Popen([sys.executable, "-c", TENANT, str(i)], start_new_session=True) for i in range(count)]
+
+
+def record(rounds: int, spec_path: Path, save: Path, steps: int | None, inject: str = "busy",
+           load: int = 0) -> dict[str, Any]:
     """`rounds` rounds of real runs of every config of the spec (repeat 0), each an unslowed run
     and runs slowed by 10% and 20%, the delay spent as `inject` ("busy": CPU work of each rank,
-    as a slower kernel is; "sleep"); under the cluster lock; saved after every round."""
-    from infra.local import LocalProvider
-    from pipelines.launch import launch, prepare
-
+    as a slower kernel is; "sleep"); with `load` tenants of other work running throughout; under
+    the cluster lock; saved after every round."""
     spec = load_spec(spec_path)
     entries = [e for e in grid(spec) if e["repeat"] == 0]
     rec: dict[str, Any] = {
@@ -68,6 +86,7 @@ def record(rounds: int, spec_path: Path, save: Path, steps: int | None, inject: 
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rounds": 0,
         "inject": inject,
+        "tenants": load,
         "cores": os.cpu_count(),
         "other_load": [],  # per round: CPU time of other work / (cores x wall time)
         "records": {e["key"].removesuffix("-r0"): {k: [] for k in KINDS} for e in entries},
@@ -75,29 +94,43 @@ def record(rounds: int, spec_path: Path, save: Path, steps: int | None, inject: 
     t0 = time.time()
     with open(LOCK, "a") as lock, tempfile.TemporaryDirectory() as d:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one user of the machine's benchmarks at a time
-        for r in range(rounds):
-            probe = CpuProbe()
-            for e in entries:
-                config = e["key"].removesuffix("-r0")
-                iteration = None
-                for kind, slow in KINDS.items():
-                    values = dict(e["config"], **({"steps": steps} if steps else {}))
-                    if slow:  # iteration x s / (1 - s) of sleep: s less throughput
-                        values["inject_delay_ms"] = round(1000 * iteration * slow / (1 - slow), 2)
-                        values["inject_busy"] = inject == "busy"
-                    out = Path(d) / f"{config}-{r}-{kind}"
-                    s = launch(prepare(values, "bench"), out, LocalProvider(), timeout_s=spec.train_timeout_s,
-                               echo=False)
-                    if not slow:
-                        iteration = s["global_batch_size"] / s["throughput_samples_per_s"]
-                    rec["records"][config][kind].append(
-                        {**repeat_figures(out), "delay_ms": values.get("inject_delay_ms", 0.0)}
-                    )
-            rec["other_load"].append(round(probe.other_share() or 0.0, 3))
-            rec["rounds"] = r + 1
-            save.write_text(json.dumps(rec, indent=2))
-            print(f"    round {r + 1}/{rounds} recorded ({time.time() - t0:.0f} s)", flush=True)
+        others = tenants(load)
+        try:
+            _rounds(rec, entries, spec, rounds, steps, inject, save, Path(d), t0)
+        finally:
+            for p in others:
+                p.kill()
+                p.wait()
     return rec
+
+
+def _rounds(rec: dict[str, Any], entries: list[dict[str, Any]], spec: Any, rounds: int, steps: int | None,
+            inject: str, save: Path, d: Path, t0: float) -> None:
+    from infra.local import LocalProvider
+    from pipelines.launch import launch, prepare
+
+    for r in range(rounds):
+        probe = CpuProbe()
+        for e in entries:
+            config = e["key"].removesuffix("-r0")
+            iteration = None
+            for kind, slow in KINDS.items():
+                values = dict(e["config"], **({"steps": steps} if steps else {}))
+                if slow:  # iteration x s / (1 - s) of sleep: s less throughput
+                    values["inject_delay_ms"] = round(1000 * iteration * slow / (1 - slow), 2)
+                    values["inject_busy"] = inject == "busy"
+                out = Path(d) / f"{config}-{r}-{kind}"
+                s = launch(prepare(values, "bench"), out, LocalProvider(), timeout_s=spec.train_timeout_s,
+                           echo=False)
+                if not slow:
+                    iteration = s["global_batch_size"] / s["throughput_samples_per_s"]
+                rec["records"][config][kind].append(
+                    {**repeat_figures(out), "delay_ms": values.get("inject_delay_ms", 0.0)}
+                )
+        rec["other_load"].append(round(probe.other_share() or 0.0, 3))
+        rec["rounds"] = r + 1
+        save.write_text(json.dumps(rec, indent=2))
+        print(f"    round {r + 1}/{rounds} recorded ({time.time() - t0:.0f} s)", flush=True)
 
 
 def legacy(rec: dict[str, Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
@@ -120,7 +153,8 @@ def old_rule(now: list[float], history: list[list[float]], drop: float = 0.10) -
 def replay(records: dict[str, list[dict[str, Any]]], kind: str, spec: RegressionSpec, runs: int, repeats: int,
            trials: int, seed: int) -> dict[str, int]:
     """Alarms over `trials` nights: the alarm without and with confirmation, its raw and relative
-    tests alone, the old rule, the nights the canary moved; history from the unslowed runs, tonight (and its rerun) from `kind`."""
+    tests alone, the old rule, the nights the canary moved; history from the unslowed runs, tonight
+    (and its rerun) from `kind`."""
     rng = np.random.default_rng(seed)
     base, now_pool = records["aa"], records[kind]
 
@@ -167,6 +201,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="training steps per recorded run (the spec's if not given)")
     ap.add_argument("--inject", choices=["busy", "sleep"], default="busy",
                     help="the injected delay as CPU work of each rank (a slower kernel) or as a sleep")
+    ap.add_argument("--load", type=int, default=0, metavar="N",
+                    help="other work while recording: N processes, each busy about half the time in random spells")
     ap.add_argument("--trials", type=int, default=2000, help="replayed nights per config and case")
     ap.add_argument("--repeats", type=int, nargs="+", default=[3], help="repeats per run (nightly 3)")
     ap.add_argument("--history", type=int, nargs="+", default=[RegressionSpec().history], help="history runs")
@@ -176,7 +212,7 @@ def main() -> None:
     if args.source:
         rec = json.loads(args.source.read_text())
     else:
-        rec = record(args.rounds, args.spec, args.save, args.steps, args.inject)
+        rec = record(args.rounds, args.spec, args.save, args.steps, args.inject, args.load)
         print(f"recording saved to {args.save}")
     records = rec.get("records") or legacy(rec)
     spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect)
