@@ -72,7 +72,8 @@ class _SyncServer(_PSBuilder):
 
     def __init__(self, c: Costs, workers: int, servers: int, max_classes: int = 8) -> None:
         super().__init__(c, workers, servers, max_classes)
-        self.shard_free: list[int | None] = [None] * servers  # the shard's loop is back at receive
+        self.shard_free: list[int | None] = [None] * servers  # the shard's last pull has ended
+        self.sent: list[int | None] = [None] * servers  # the shard's sends have returned
         self.pulled: list[list[int | None]] = [[None] * servers for _ in self.mult]  # class k's last pull from s
 
     def _transfer(self, name: str, t: int, k: int, s: int, deps, push: bool) -> int:
@@ -107,7 +108,7 @@ class _SyncServer(_PSBuilder):
         for s in range(self.servers):
             pushes = []
             for k in range(len(self.mult)):
-                self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], self._free(k, s)), True)
+                self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], *self._free(k, s)), True)
                 pushes.append(self.prev_push[k][s])
             update = self.dag.add("server update", self.c.server_update_s / self.servers, (compute("server", s),),
                                   pushes, kind="server_update", owner=f"server{s}", step=t)
@@ -117,12 +118,17 @@ class _SyncServer(_PSBuilder):
                 self.pulled[k][s] = pull
             self.shard_free[s] = self.dag.add("server ready", 0.0, (), shard_pulls, kind="server_ready",
                                               owner=f"server{s}", step=t)
+            self.sent[s] = self.dag.add("sends returned", self.fab.sends_returned_s(s), (), (update,),
+                                        kind="server_ready", owner=f"server{s}", step=t)
         return pulls
 
-    def _free(self, k: int, s: int) -> int | None:
-        """What class k's next push to shard s waits for: its own pull from s, or the shard's
-        loop's turn (Fabric.push_waits_for_own_pull)."""
-        return self.pulled[k][s] if self.fab.push_waits_for_own_pull(s) else self.shard_free[s]
+    def _free(self, k: int, s: int) -> tuple[int | None, ...]:
+        """What class k's next push to shard s waits for: its own pull from s and the shard's
+        loop back at receive once its sends have returned, or the shard's last pull
+        (Fabric.push_waits_for_own_pull)."""
+        if self.fab.push_waits_for_own_pull(s):
+            return self.pulled[k][s], self.sent[s]
+        return (self.shard_free[s],)
 
 
 class PSSSGDPlan(_SyncServer):

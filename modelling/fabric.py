@@ -287,15 +287,33 @@ class Fabric:
         return lead(self.shard_bytes[s]) if self.placed and lead else 0.0
 
     def push_waits_for_own_pull(self, s: int) -> bool:
-        """Whether a worker's next push to shard s waits only for its own pull, not the shard's
-        last. gloo sends a message only once its receiver has posted the receive, and says so
-        on the pair's one connection, behind the bytes it sends the other way. A shard whose
-        sends all fit a socket's send buffer (the kernel takes them and the send returns)
-        posts its next receives at once; a larger one posts them only once its sends are
-        written, near its last pull's end. Where the pulls' lead is not measured the pulls end
-        together, and the two are one."""
-        w = self.w
-        return bool(self.placed and w.pull_lead_s and self.shard_bytes[s] <= w.send_buffer_bytes)
+        """Whether a worker's next push to shard s waits for its own pull (and the shard's sends'
+        return, sends_returned_s), not the shard's last pull. gloo sends a message only once its
+        receiver has posted the receive, and says so on the pair's one connection, behind the
+        bytes it sends the other way; the shard posts its next receives once its sends have
+        returned. Where the pulls' lead is not measured the pulls end together, and the two
+        are one."""
+        return bool(self.placed and self.w.pull_lead_s)
+
+    def sends_returned_s(self, s: int) -> float:
+        """How long after its update shard s's sends of the pulls that cross links have all
+        returned. A socket send returns once the kernel holds the rest of its bytes (the
+        socket's send buffer, the qdisc's queue, TCP's window), so the shard's loop is free
+        while the link still carries that much: the pulls' wire time less the bytes the kernel
+        holds at the link's byte time, as the microbenchmark timed them in the reply's tail
+        where it did, else the send buffer's bytes."""
+        remote = self.sharing(s)
+        if not remote:
+            return 0.0
+        wire = sum(self.ps(k, s, False).wire_s for k in remote)
+        total, last, w = self.shard_bytes[s] * len(remote), remote[-1], self.w
+        if not total:
+            return 0.0
+        if w.asgd_reply_tail_s is not None:
+            held = w.asgd_reply_tail_s[self.first_worker[last]](total * self.servers)
+        else:
+            held = min(w.send_buffer_bytes / total, 1.0) * wire
+        return max(wire - min(held, wire), 0.0)
 
     # ASGD: a shard's serial loop of receive, apply, reply.
 

@@ -56,10 +56,12 @@ ASGD_PASSES = 50  # the most passes per worker and size that ASGD's pattern is t
 
 def _pull_lead(stamps: list[tuple[float, float]], n: int, node_of_rank: list[int] | None) -> float | None:
     """Placed, how much sooner the first of the workers on nodes without a shard has its pull
-    back than the last of them (rank order, the order a shard sends in), per round, median:
-    a shard node's uplink, a FIFO queue, does not share itself fairly among pulls sent at once,
-    so the first pull queued ends well before the pair's joint wire time. None where fewer
-    than two such workers (or one host)."""
+    back than the last of them, per round, median: a shard node's uplink, a FIFO queue, does
+    not share itself fairly among pulls sent at once, so the first pull queued ends well before
+    the pair's joint wire time. Which worker is first changes from round to round (the order
+    the shard's sends reach the queue), so the lead is the spread of the round's arrivals, not
+    a difference in rank order, whose median noise pulls to zero. None where fewer than two
+    such workers (or one host)."""
     if node_of_rank is None:
         return None
     shard_nodes = set(node_of_rank[n:])
@@ -68,7 +70,8 @@ def _pull_lead(stamps: list[tuple[float, float]], n: int, node_of_rank: list[int
         return None
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, stamps)
-    return statistics.median(every[remote[-1]][i][1] - every[remote[0]][i][1] for i in range(len(stamps)))
+    ends = [[every[r][i][1] for r in remote] for i in range(len(stamps))]
+    return statistics.median(max(e) - min(e) for e in ends)
 
 
 def _row(primitive: str, workers: int, servers: int, nbytes: int, times: list[float]) -> dict[str, Any]:

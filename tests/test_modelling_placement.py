@@ -193,6 +193,26 @@ def test_a_shards_first_pull_is_back_by_the_lead_the_microbenchmark_measured_and
     assert iteration("ssgd", {**raw, "measurements": rows}) < iteration("ssgd", timed)
 
 
+@settings(max_examples=30, deadline=None)
+@given(held=st.floats(0.01, 1.0), lead_frac=st.floats(0.05, 0.9))
+def test_a_shard_is_back_at_receive_once_the_kernel_holds_the_rest_of_its_pulls(held: float, lead_frac: float) -> None:
+    """The shard posts its next receives once its sends of the pulls have returned, and a send
+    returns once the kernel holds the rest of its bytes: `held` of the two pulls' bytes (the
+    send buffer here, half of tcp_wmem's ceiling) is still on the link then. OD-SGD's first
+    worker back pushes at the later of its own pull (`lead` before the last) and the shard's
+    return (the last pull's latency and the held bytes' wire time before the last's end), so
+    the round is shorter by the smaller of the two; a shard whose sends the kernel holds
+    whole waits for nothing but the pull, whatever their size."""
+    lead = lead_frac * BYTES
+    node_of_rank = _placed(2, 1, 3, "dedicated")
+    raw = _ps_comm(node_of_rank)
+    raw["environment"]["tcp_wmem_max"] = int(2 * held * 2 * M)
+    rows = [r | {"pull_lead_s": lead} if r["primitive"] == "ps" else r for r in raw["measurements"]]
+    round_s = 2 * (ALPHA + 2 * BYTES)
+    got = _iteration("odsgd", {**raw, "measurements": rows}, node_of_rank)
+    assert got == pytest.approx(round_s + SERVER - min(lead, ALPHA + held * 2 * BYTES), rel=1e-6)
+
+
 def test_asgd_on_a_dedicated_shard_node_replies_through_the_socket_buffer() -> None:
     """The shard serves one push at a time (receive, apply, reply) and goes back to receiving
     once its socket has taken the reply: all but the last half of Linux's 4 MiB send-buffer
