@@ -208,6 +208,8 @@ def main() -> None:
     ap.add_argument("--history", type=int, nargs="+", default=[RegressionSpec().history], help="history runs")
     ap.add_argument("--alpha", type=float, default=RegressionSpec().alpha)
     ap.add_argument("--min-effect", type=float, default=RegressionSpec().min_effect)
+    ap.add_argument("--host-alpha", type=float, default=RegressionSpec().host_alpha,
+                    help="significance of the test that the canary moved (the relative test decides where it did)")
     args = ap.parse_args()
     if args.source:
         rec = json.loads(args.source.read_text())
@@ -215,7 +217,7 @@ def main() -> None:
         rec = record(args.rounds, args.spec, args.save, args.steps, args.inject, args.load)
         print(f"recording saved to {args.save}")
     records = rec.get("records") or legacy(rec)
-    spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect)
+    spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect, host_alpha=args.host_alpha)
     print(f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} rounds, {_load(rec)}; "
           f"delays injected as {rec.get('inject', 'sleep')}):")
     for config, kinds in records.items():
@@ -228,7 +230,8 @@ def main() -> None:
         for kind in ("slow10", "slow20"):
             got = statistics.median(r["log_thr"] for r in kinds[kind]) - statistics.median(math.log(t) for t in thr)
             print(f"      {kind}: median throughput {math.expm1(got):+.1%} against the unslowed runs")
-    print(f"alarm: alpha {spec.alpha}, min_effect {spec.min_effect:.0%}; rates with 95% Wilson intervals over "
+    print(f"alarm: alpha {spec.alpha}, min_effect {spec.min_effect:.0%}, host_alpha {spec.host_alpha}; "
+          "rates with 95% Wilson intervals over "
           f"{args.trials} nights per config and case")
     goals = {"aa": "false alarms (<= 2%)", "slow10": "caught at 10% (>= 80%)", "slow20": "caught at 20% (>= 95%)"}
     for repeats in args.repeats:
