@@ -46,7 +46,7 @@ from scipy.stats import binomtest
 
 from infra.hostload import QUIET, CpuProbe
 from pipelines.regression_stats import from_throughputs, repeat_figures, run_level
-from pipelines.report_regression import check_runs
+from pipelines.report_regression import check_rerun, check_runs
 from pipelines.spec import RegressionSpec, grid, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,7 +173,7 @@ def replay(records: dict[str, list[dict[str, Any]]], kind: str, spec: Regression
         counts["moved"] += res["basis"] == "canary"
         counts["old"] += old_rule(now_thr, [t for _, t in hist])
         if res["regressed"]:
-            counts["confirmed"] += check_runs(draw(now_pool)[0], [h for h, _ in hist], spec, power=False)["regressed"]
+            counts["confirmed"] += check_rerun(draw(now_pool)[0], [h for h, _ in hist], spec, power=False)["regressed"]
     return counts
 
 
@@ -208,6 +208,8 @@ def main() -> None:
     ap.add_argument("--history", type=int, nargs="+", default=[RegressionSpec().history], help="history runs")
     ap.add_argument("--alpha", type=float, default=RegressionSpec().alpha)
     ap.add_argument("--min-effect", type=float, default=RegressionSpec().min_effect)
+    ap.add_argument("--confirm-alpha", type=float, default=RegressionSpec().confirm_alpha,
+                    help="significance at which a rerun confirms an alarm")
     ap.add_argument("--host-alpha", type=float, default=RegressionSpec().host_alpha,
                     help="significance of the test that the canary moved (the relative test decides where it did)")
     args = ap.parse_args()
@@ -217,7 +219,8 @@ def main() -> None:
         rec = record(args.rounds, args.spec, args.save, args.steps, args.inject, args.load)
         print(f"recording saved to {args.save}")
     records = rec.get("records") or legacy(rec)
-    spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect, host_alpha=args.host_alpha)
+    spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect, host_alpha=args.host_alpha,
+                          confirm_alpha=args.confirm_alpha)
     print(f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} rounds, {_load(rec)}; "
           f"delays injected as {rec.get('inject', 'sleep')}):")
     for config, kinds in records.items():
@@ -230,7 +233,8 @@ def main() -> None:
         for kind in ("slow10", "slow20"):
             got = statistics.median(r["log_thr"] for r in kinds[kind]) - statistics.median(math.log(t) for t in thr)
             print(f"      {kind}: median throughput {math.expm1(got):+.1%} against the unslowed runs")
-    print(f"alarm: alpha {spec.alpha}, min_effect {spec.min_effect:.0%}, host_alpha {spec.host_alpha}; "
+    print(f"alarm: alpha {spec.alpha}, min_effect {spec.min_effect:.0%}, host_alpha {spec.host_alpha}, "
+          f"confirm_alpha {spec.confirm_alpha}; "
           "rates with 95% Wilson intervals over "
           f"{args.trials} nights per config and case")
     goals = {"aa": "false alarms (<= 2%)", "slow10": "caught at 10% (>= 80%)", "slow20": "caught at 20% (>= 95%)"}

@@ -116,6 +116,14 @@ def check_runs(now: dict[str, Any], history: list[dict[str, Any]], spec: Any, po
     }
 
 
+def check_rerun(now: dict[str, Any], history: list[dict[str, Any]], spec: Any, power: bool = True) -> dict[str, Any]:
+    """A suspect's rerun against the same history: the check at `confirm_alpha` (never stricter
+    than alpha), the second stage of a screen. The rerun is a new run, so under no change the two
+    stages alarm together with probability about alpha x confirm_alpha; a real slowdown passes
+    the looser second stage nearly as often as the first."""
+    return check_runs(now, history, spec.model_copy(update={"alpha": max(spec.alpha, spec.confirm_alpha)}), power)
+
+
 def check_throughput(now: list[float], history: list[list[float]], spec: Any) -> dict[str, Any]:
     """This run's throughput repeats against the history runs' repeats (lists, one per run), runs
     known by their throughputs alone (no within-run figures, no canary)."""

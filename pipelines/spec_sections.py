@@ -248,6 +248,13 @@ class RegressionSpec(Section):
         lt=1,
         description="Smallest throughput slowdown (fraction) that is a regression, however significant.",
     )
+    confirm_alpha: float = Field(
+        0.1,
+        gt=0,
+        lt=0.5,
+        description="Significance at which a suspect's rerun confirms its alarm (alpha where that is "
+        "larger): a second stage, so the false alarms that stand are about alpha x confirm_alpha.",
+    )
     host_alpha: float = Field(
         0.05,
         gt=0,

@@ -574,6 +574,25 @@ def test_an_alarm_stands_only_if_its_rerun_agrees() -> None:
     assert apply_confirmations(copy.deepcopy(found), None) == found
 
 
+@settings(max_examples=40, deadline=None)
+@given(alpha=st.sampled_from([0.001, 0.01, 0.05, 0.2]), confirm=st.sampled_from([0.01, 0.05, 0.1, 0.3]),
+       slowdown=st.floats(0.0, 0.4))
+def test_a_rerun_confirms_at_the_second_stages_level(alpha: float, confirm: float, slowdown: float) -> None:
+    """The rerun is tested against the same history at confirm_alpha, never stricter than alpha:
+    it confirms exactly where its p-value is below that level and its slowdown above
+    min_effect, the same test otherwise."""
+    from pipelines.report_regression import check_rerun
+
+    hist = [_fig(math.log(v)) for v in HISTORY]
+    now = _fig(statistics.fmean(h["log_thr"] for h in hist) + math.log1p(-slowdown))
+    spec = RegressionSpec(alpha=alpha, confirm_alpha=confirm)
+    first, rerun = check_runs(now, hist, spec), check_rerun(now, hist, spec)
+    assert rerun["p_value"] == first["p_value"] and rerun["effect"] == first["effect"]
+    level = max(alpha, confirm)
+    assert rerun["regressed"] == (first["p_value"] < level and first["effect"] < -spec.min_effect)
+    assert rerun["regressed"] >= first["regressed"]  # a second stage never stricter than the first
+
+
 @pytest.mark.parametrize("var", [1e-4, 1e-3, 1e-2])
 def test_the_detection_probability_is_continuous_where_its_quadrature_changes(var: float) -> None:
     """Either side of LAGUERRE_MAX_DF the two quadratures over the estimated variance agree, and

@@ -54,10 +54,10 @@ def suspects(ctx: RunContext, trained: list[dict]) -> list[dict]:
 
 def confirm(ctx: RunContext, suspect: dict) -> dict:
     """Rerun one suspect configuration's repeats and test the rerun against the same history:
-    `confirmed` if it alarms too (p < alpha and a slowdown above min_effect)."""
+    `confirmed` if it alarms too (p < confirm_alpha and a slowdown above min_effect)."""
     from pipelines import report as rep
     from pipelines.regression_stats import config_figures
-    from pipelines.report_regression import check_runs, history_runs
+    from pipelines.report_regression import check_rerun, history_runs
     from pipelines.stages.train import train
 
     config = suspect["config"]
@@ -72,7 +72,7 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
         out = {"key": suspect["key"], "config": config, "rerun_keys": [r["key"] for r in reruns]}
         if now is None or len(past) < spec.regression.min_history:
             return {**out, "status": "FAILED", "confirmed": None}
-        res = check_runs(now, past, spec.regression)
+        res = check_rerun(now, past, spec.regression)
         t.log_metrics(node, {"p_value": res["p_value"], "change": res["effect"]})
         t.set_tags(node, {"ddlbench.confirmed": str(res["regressed"]).lower()})
         keep = ("basis", "p_value", "effect", "effect_ci", "detectable_slowdown", "history_runs")
