@@ -219,14 +219,18 @@ def main() -> None:
         rec = record(args.rounds, args.spec, args.save, args.steps, args.inject, args.load)
         print(f"recording saved to {args.save}")
     records = rec.get("records") or legacy(rec)
+    older = [r for kinds in records.values() for runs in kinds.values() for r in runs if "canary_gemm_log" not in r]
+    for r in older:  # recorded before the GEMM-only canary: its canary is both kernels' (speed_log)
+        r["canary_gemm_log"] = r.get("canary_log")
     spec = RegressionSpec(alpha=args.alpha, min_effect=args.min_effect, host_alpha=args.host_alpha,
                           confirm_alpha=args.confirm_alpha)
     print(f"recorded on {rec['hardware']} ({rec['recorded_at']}, {rec['rounds']} rounds, {_load(rec)}; "
-          f"delays injected as {rec.get('inject', 'sleep')}):")
+          f"delays injected as {rec.get('inject', 'sleep')}"
+          + ("; canary: both kernels, recorded before the GEMM-only canary" if older else "") + "):")
     for config, kinds in records.items():
         thr = [math.exp(r["log_thr"]) for r in kinds["aa"]]
         med = statistics.median(thr)
-        norm = [r["log_thr"] - r["canary_log"] for r in kinds["aa"] if r.get("canary_log") is not None]
+        norm = [r["log_thr"] - r["canary_gemm_log"] for r in kinds["aa"] if r.get("canary_gemm_log") is not None]
         print(f"    {config}: {med:.0f} samples/s, spread {min(thr) / med - 1:+.0%} / {max(thr) / med - 1:+.0%}; "
               f"sd of log throughput {statistics.stdev(math.log(t) for t in thr):.3f}"
               + (f", relative to the canary {statistics.stdev(norm):.3f}" if len(norm) > 1 else ""))

@@ -5,7 +5,8 @@ metric names its MLflow run carries (units in the names), both ways.
     iter_time_<q>_s        summary["iter_time_s"][<q>]         (p50, p90, ...)
     <phase>_s              summary["breakdown_s"][<phase>]     (data, forward, backward, ...)
     staleness_mean_steps, staleness_max_steps                 summary["staleness"]
-    canary_<kind>_<when>, canary_cpu_share_<when>, canary_speed_log   summary["canary"] (training/canary.py)
+    canary_<kind>_<when>, canary_cpu_share_<when>,            summary["canary"] (training/canary.py)
+    canary_speed_log, canary_gemm_log
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ under no change
 tested against Student's t with Welch-Satterthwaite degrees of freedom. Without within-run figures
 (w = 0) this is the prediction-interval t test of one run against k (k - 1 degrees of freedom).
 
-Relative to the canary: the same test on z_j = x_j - c_j, c_j the run's mean log canary speed
-(training/canary.py). A host that is slower for every workload lowers x and c together; a slower
-workload lowers x alone.
+Relative to the canary: the same test on z_j = x_j - c_j, c_j the run's mean log GEMM rate of
+the canary (training/canary.py: `gemm_log`; the copy's rate is a diagnostic). A host that is
+slower for every workload lowers x and c together; a slower workload lowers x alone.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def batch_means_var(xs: list[float]) -> tuple[float, int] | None:
 
 def repeat_figures(run_dir: Path) -> dict[str, Any] | None:
     """One training run (one repeat): log throughput, its within-run variance and degrees of freedom
-    (batch means over the measured steps of metrics.jsonl), and the canary's log speed."""
+    (batch means over the measured steps of metrics.jsonl), and the canary's log GEMM rate."""
     path = Path(run_dir) / "summary.json"
     if not path.exists():
         return None
@@ -61,7 +61,7 @@ def repeat_figures(run_dir: Path) -> dict[str, Any] | None:
     if not thr:
         return None
     out: dict[str, Any] = {"log_thr": math.log(thr), "within_var": None, "within_df": None}
-    out["canary_log"] = (s.get("canary") or {}).get("speed_log")
+    out["canary_gemm_log"] = (s.get("canary") or {}).get("gemm_log")
     skip = s.get("warmup_steps_excluded") or 0
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.exists():
@@ -79,19 +79,19 @@ def run_level(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     repeats' own steps, the mean log canary speed (None unless every repeat has one)."""
     r = len(repeats)
     within = [x["within_var"] for x in repeats]
-    canary = [x.get("canary_log") for x in repeats]
+    canary = [x.get("canary_gemm_log") for x in repeats]
     return {
         "log_thr": statistics.fmean(x["log_thr"] for x in repeats),
         "within_var": sum(within) / r**2 if None not in within else None,
         "within_df": sum(x["within_df"] for x in repeats) if None not in within else None,
-        "canary_log": statistics.fmean(canary) if None not in canary else None,
+        "canary_gemm_log": statistics.fmean(canary) if None not in canary else None,
         "repeats": r,
     }
 
 
 def from_throughputs(values: list[float]) -> dict[str, Any]:
     """A run known only by its repeats' throughputs (a report from before within-run figures)."""
-    return run_level([{"log_thr": math.log(v), "within_var": None, "within_df": None, "canary_log": None}
+    return run_level([{"log_thr": math.log(v), "within_var": None, "within_df": None, "canary_gemm_log": None}
                       for v in values])
 
 
@@ -125,16 +125,16 @@ def host_moved(now: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, 
     """Whether the host's speed (the canary) moved tonight beyond the history's run-to-run spread of
     it: the two-sided prediction-interval t test of this run's mean log canary speed against the
     history runs' (k - 1 degrees of freedom); p-value and the relative change."""
-    cs = [h["canary_log"] for h in history]
+    cs = [h["canary_gemm_log"] for h in history]
     k = len(cs)
-    d = now["canary_log"] - statistics.fmean(cs)
+    d = now["canary_gemm_log"] - statistics.fmean(cs)
     se = statistics.stdev(cs) * math.sqrt(1 + 1 / k)
     p = float(2 * stats.t.sf(abs(d) / se, k - 1)) if se > 0 else (0.0 if d != 0 else 1.0)
     return {"p_value": p, "change": math.expm1(d)}
 
 
 def _figure(run: dict[str, Any], normalised: bool) -> float:
-    return run["log_thr"] - run["canary_log"] if normalised else run["log_thr"]
+    return run["log_thr"] - run["canary_gemm_log"] if normalised else run["log_thr"]
 
 
 def run_test(now: dict[str, Any], history: list[dict[str, Any]], normalised: bool, alpha: float,

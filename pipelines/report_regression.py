@@ -102,7 +102,8 @@ def check_runs(now: dict[str, Any], history: list[dict[str, Any]], spec: Any, po
     that did not move; where the host did, the raw throughput carries the host's change and only
     the relative test can tell a slower workload from it."""
     raw = rs.run_test(now, history, False, spec.alpha, spec.min_effect, power)
-    canaried = now["canary_log"] is not None and all(h["canary_log"] is not None for h in history)
+    # A run saved before the GEMM-only canary has no canary_gemm_log: the raw test decides.
+    canaried = now.get("canary_gemm_log") is not None and all(h.get("canary_gemm_log") is not None for h in history)
     norm = rs.run_test(now, history, True, spec.alpha, spec.min_effect, power) if canaried else None
     host = rs.host_moved(now, history) if canaried else None
     moved = host is not None and host["p_value"] < spec.host_alpha

@@ -386,7 +386,7 @@ def test_a_host_wide_load_is_no_regression_of_the_workloads(e2e: Any) -> None:
 
 def _fig(log_thr: float, canary: float | None = None, within: float | None = None, df: int = 30) -> dict[str, Any]:
     known = within is not None
-    return {"log_thr": log_thr, "canary_log": canary, "within_var": within, "within_df": df if known else None,
+    return {"log_thr": log_thr, "canary_gemm_log": canary, "within_var": within, "within_df": df if known else None,
             "repeats": 1}
 
 
@@ -466,7 +466,7 @@ def test_the_canary_separates_a_slower_host_from_a_slower_workload(host: float, 
     assume(abs(slowdown - 0.05) > 1e-6)
     hist = [_fig(math.log(v), canary=math.log(c)) for v, c in
             [(1000, 20.0), (1030, 20.4), (985, 19.8), (1012, 20.3), (990, 19.7), (1020, 20.1)]]
-    cs = [h["canary_log"] for h in hist]
+    cs = [h["canary_gemm_log"] for h in hist]
     base_x, base_c = statistics.fmean(h["log_thr"] for h in hist), statistics.fmean(cs)
     now = _fig(base_x + math.log1p(host) + math.log1p(-slowdown), canary=base_c + math.log1p(host))
     res = check_runs(now, hist, RegressionSpec())
@@ -503,7 +503,7 @@ def test_on_a_host_that_did_not_move_the_raw_test_keeps_its_power(seed: int, noi
     c = noise * x.std() * r / r.std()
     hist = [_fig(math.log(1000) + a, canary=math.log(20) + b) for a, b in zip(x, c, strict=True)]
     now = _fig(statistics.fmean(h["log_thr"] for h in hist) + math.log(0.9),
-               canary=statistics.fmean(h["canary_log"] for h in hist))
+               canary=statistics.fmean(h["canary_gemm_log"] for h in hist))
     res = check_runs(now, hist, RegressionSpec())
     assert res["host_p_value"] == pytest.approx(1.0) and res["basis"] == "raw"
     assert res["detectable_slowdown"] == res["raw"]["detectable_slowdown"]
