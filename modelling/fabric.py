@@ -303,17 +303,21 @@ class Fabric:
         holds at the link's byte time, as the microbenchmark timed them in the reply's tail
         where it did, else the send buffer's bytes."""
         remote = self.sharing(s)
-        if not remote:
-            return 0.0
-        wire = sum(self.ps(k, s, False).wire_s for k in remote)
-        total, last, w = self.shard_bytes[s] * len(remote), remote[-1], self.w
+        total = self.shard_bytes[s] * len(remote)
         if not total:
             return 0.0
+        wire = sum(self.ps(k, s, False).wire_s for k in remote)
+        return wire - self._held_s(remote[-1], total, wire)
+
+    def _held_s(self, k: int, nbytes: float, wire: float) -> float:
+        """Of a send of `nbytes` from a shard to class k, taking `wire` seconds on the link, the
+        seconds the link still carries once the send has returned: the kernel's held bytes, as
+        the microbenchmark timed them in the ASGD reply's tail where it did, else the send
+        buffer's; at most the send's own wire time."""
+        w = self.w
         if w.asgd_reply_tail_s is not None:
-            held = w.asgd_reply_tail_s[self.first_worker[last]](total * self.servers)
-        else:
-            held = min(w.send_buffer_bytes / total, 1.0) * wire
-        return max(wire - min(held, wire), 0.0)
+            return min(w.asgd_reply_tail_s[self.first_worker[k]](nbytes * self.servers), wire)
+        return min(w.send_buffer_bytes / nbytes, 1.0) * wire
 
     # ASGD: a shard's serial loop of receive, apply, reply.
 
@@ -336,15 +340,11 @@ class Fabric:
         link (one host, within a node): there the copy is the transfer, and the loop holds it."""
         if self.link_class(k, s) != "link":
             return None
-        w, nbytes, one = self.w, self.shard_bytes[s], self.asgd_one(k, s)
+        nbytes, one = self.shard_bytes[s], self.asgd_one(k, s)
         if not nbytes or one <= 0:
             return 1.0
         wire = max(self.one(k, s, nbytes) - self.one(k, s, 0), 0.0)  # the reply's bytes on the link
-        if w.asgd_reply_tail_s is not None:
-            tail = min(w.asgd_reply_tail_s[self.first_worker[k]](nbytes * self.servers), wire)
-        else:
-            tail = min(w.send_buffer_bytes / nbytes, 1.0) * wire
-        return min(tail / one, 1.0)
+        return min(self._held_s(k, nbytes, wire) / one, 1.0)
 
     def push_in_buffers(self, k: int, s: int) -> float:
         """The fraction of a push within a node that lies in the two ends' socket buffers while

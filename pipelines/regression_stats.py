@@ -102,10 +102,11 @@ def history_change_points(now: dict[str, Any], past: list[tuple[str, dict[str, A
     return [{**c, "run_key": keys[c["index"]]} for c in change_points(series)]
 
 
-def prediction_test(now: list[float], history: list[float], log: bool, below: bool = True) -> dict[str, Any]:
-    """One-sided test that `now` (one run's repeats) lies below (or above) the history's run-level
-    values (one per run): p-value, and the change of now against the history with its 95% interval
-    (relative on log scale, absolute otherwise). Needs at least two history values."""
+def prediction_test(now: list[float], history: list[float], log: bool, below: bool | None = True) -> dict[str, Any]:
+    """Test that `now` (one run's repeats) lies below (or above; either, two-sided, with `below`
+    None) the history's run-level values (one per run): p-value, and the change of now against
+    the history with its 95% interval (relative on log scale, absolute otherwise). Needs at
+    least two history values."""
     f = math.log if log else float
     x = statistics.fmean(f(v) for v in now)
     ys = [f(v) for v in history]
@@ -113,24 +114,24 @@ def prediction_test(now: list[float], history: list[float], log: bool, below: bo
     d = x - statistics.fmean(ys)
     se = statistics.stdev(ys) * math.sqrt(1 + 1 / k)
     if se > 0:
-        p = float(stats.t.cdf(d / se, k - 1) if below else stats.t.sf(d / se, k - 1))
+        if below is None:
+            p = float(2 * stats.t.sf(abs(d) / se, k - 1))
+        else:
+            p = float(stats.t.cdf(d / se, k - 1) if below else stats.t.sf(d / se, k - 1))
         half = float(stats.t.ppf(0.5 + CI_LEVEL / 2, k - 1)) * se
     else:  # a history without spread: any change is certain
-        p, half = (0.0 if (d < 0 if below else d > 0) else 1.0), 0.0
+        moved = d != 0 if below is None else (d < 0 if below else d > 0)
+        p, half = (0.0 if moved else 1.0), 0.0
     back = (lambda v: math.exp(v) - 1) if log else (lambda v: v)
     return {"p_value": p, "effect": back(d), "effect_ci": [back(d - half), back(d + half)]}
 
 
 def host_moved(now: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
     """Whether the host's speed (the canary) moved tonight beyond the history's run-to-run spread of
-    it: the two-sided prediction-interval t test of this run's mean log canary speed against the
-    history runs' (k - 1 degrees of freedom); p-value and the relative change."""
-    cs = [h["canary_gemm_log"] for h in history]
-    k = len(cs)
-    d = now["canary_gemm_log"] - statistics.fmean(cs)
-    se = statistics.stdev(cs) * math.sqrt(1 + 1 / k)
-    p = float(2 * stats.t.sf(abs(d) / se, k - 1)) if se > 0 else (0.0 if d != 0 else 1.0)
-    return {"p_value": p, "change": math.expm1(d)}
+    it: the two-sided prediction test of this run's mean log canary speed against the history
+    runs'; p-value and the relative change."""
+    test = prediction_test([now["canary_gemm_log"]], [h["canary_gemm_log"] for h in history], log=False, below=None)
+    return {"p_value": test["p_value"], "change": math.expm1(test["effect"])}
 
 
 def _figure(run: dict[str, Any], normalised: bool) -> float:
