@@ -119,19 +119,20 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
     dag = Dag()
     w, cpu, loader = "worker0", compute("worker", 0), Resource("worker", 0, "loader")
     fab = Fabric(c, workers, 0)
+    p = workers  # the worker stands for all N, computing at once
     n_layers = len(c.fwd)
     ends: list[int] = []
     prev_update: int | None = None
     prev_comm: int | None = None
     groups = comm_groups(c, overlap, bucket_bytes) if workers > 1 else []
     for t in range(iterations):
-        data = dag.add("data", c.data_s, (loader,), (prev_update,), kind="data", owner=w, step=t)
+        data = dag.add("data", c.data_s, (loader,), (prev_update,), kind="data", owner=w, step=t, procs=p)
         last = data
         for layer in range(n_layers):
-            last = dag.add(f"f{layer}", c.fwd[layer], (cpu,), (last,), kind="forward", owner=w, step=t)
+            last = dag.add(f"f{layer}", c.fwd[layer], (cpu,), (last,), kind="forward", owner=w, step=t, procs=p)
         done_at: dict[int, int] = {}
         for layer in reversed(range(n_layers)):
-            last = dag.add(f"b{layer}", c.bwd[layer], (cpu,), (last,), kind="backward", owner=w, step=t)
+            last = dag.add(f"b{layer}", c.bwd[layer], (cpu,), (last,), kind="backward", owner=w, step=t, procs=p)
             done_at[layer] = last
         if groups and c.straggle_s:
             # The last gradients are ready everywhere only once the slowest worker's are.
@@ -139,7 +140,7 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
             done_at[groups[-1][0]] = last
         before_update = last
         if groups and not overlap:
-            pack = dag.add("pack", c.pack_s, (cpu,), (last,), kind="backward", owner=w, step=t)
+            pack = dag.add("pack", c.pack_s, (cpu,), (last,), kind="backward", owner=w, step=t, procs=p)
             prev_comm = add_transfer(dag, "allreduce", fab.allreduce(c.model_bytes, cpu), (pack, prev_comm),
                                      kind="allreduce", owner=w, step=t)
             before_update = prev_comm
@@ -150,8 +151,8 @@ def build_allreduce(c: Costs, workers: int, iterations: int, *, overlap: bool, b
             before_update = prev_comm
         deps = (last, before_update)
         if groups:  # copy the reduced gradients back (DDP's bucket copy, or the unflatten)
-            deps = (dag.add("unpack", c.unpack_s, (cpu,), deps, kind="update", owner=w, step=t),)
-        prev_update = dag.add("update", c.update_s, (cpu,), deps, kind="update", owner=w, step=t)
+            deps = (dag.add("unpack", c.unpack_s, (cpu,), deps, kind="update", owner=w, step=t, procs=p),)
+        prev_update = dag.add("update", c.update_s, (cpu,), deps, kind="update", owner=w, step=t, procs=p)
         ends.append(prev_update)
     return Plan(dag, {w: ends}, {w: workers})
 

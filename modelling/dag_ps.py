@@ -47,15 +47,16 @@ class _PSBuilder:
 
     def _compute(self, t: int, k: int) -> int:
         """Load, forward, backward and pack: the task that has the gradients ready to send."""
-        c, dag, w, cpu = self.c, self.dag, self.owners[k], (compute("worker", k),)
+        c, dag, w, cpu, p = self.c, self.dag, self.owners[k], (compute("worker", k),), self.mult[k]
         data = dag.add("data", c.data_s, (Resource("worker", k, "loader"),), (self.prev_update[k],),
-                       kind="data", owner=w, step=t)
-        fwd = dag.add("forward", sum(c.fwd), cpu, (data,), kind="forward", owner=w, step=t)
-        bwd = dag.add("backward", sum(c.bwd), cpu, (fwd,), kind="backward", owner=w, step=t)
+                       kind="data", owner=w, step=t, procs=p)
+        fwd = dag.add("forward", sum(c.fwd), cpu, (data,), kind="forward", owner=w, step=t, procs=p)
+        bwd = dag.add("backward", sum(c.bwd), cpu, (fwd,), kind="backward", owner=w, step=t, procs=p)
         if c.straggle_s:  # the shard's barrier waits for the slowest worker's push
             bwd = dag.add("straggler", c.straggle_s, (), (bwd,), kind="straggle", owner=w, step=t)
         # OD-SGD reuses the push buffer, so its previous push must have left.
-        return dag.add("pack", c.pack_s, cpu, (bwd, *self.prev_push[k]), kind="backward", owner=w, step=t)
+        return dag.add("pack", c.pack_s, cpu, (bwd, *self.prev_push[k]), kind="backward", owner=w, step=t,
+                       procs=p)
 
     def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
         """Per worker class, the tasks that bring back its share of the global model."""
@@ -64,7 +65,7 @@ class _PSBuilder:
     def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
         """The worker's update: copy the pulled model in (unpack); it waits for this step's pulls."""
         return self.dag.add("update", self.c.unpack_s, (compute("worker", k),), (pack, *pulls),
-                            kind="update", owner=self.owners[k], step=t)
+                            kind="update", owner=self.owners[k], step=t, procs=self.mult[k])
 
 
 class _SyncServer(_PSBuilder):
@@ -111,7 +112,7 @@ class _SyncServer(_PSBuilder):
                 self.prev_push[k][s] = self._transfer(f"push s{s}", t, k, s, (packs[k], *self._free(k, s)), True)
                 pushes.append(self.prev_push[k][s])
             update = self.dag.add("server update", self.c.server_update_s / self.servers, (compute("server", s),),
-                                  pushes, kind="server_update", owner=f"server{s}", step=t)
+                                  pushes, kind="server_update", owner=f"server{s}", step=t, procs=1)
             shard_pulls = [self._transfer(f"pull s{s}", t, k, s, (update,), False) for k in range(len(self.mult))]
             for k, pull in enumerate(self._shared(t, s, shard_pulls)):
                 pulls[k].append(pull)
@@ -143,11 +144,11 @@ class ODSGDPlan(_SyncServer):
         self.prev_pulls: list[list[int]] = [[] for _ in self.mult]  # the pulls of W_g(t)
 
     def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
-        c, cpu, w, post = self.c, (compute("worker", k),), self.owners[k], self.fab.post_cpu_s()
+        c, cpu, w, post, p = self.c, (compute("worker", k),), self.owners[k], self.fab.post_cpu_s(), self.mult[k]
         if post:  # posting this step's push and pull, before the wait for W_g(t)
-            pack = self.dag.add("post", post, cpu, (pack,), kind="update", owner=w, step=t)
+            pack = self.dag.add("post", post, cpu, (pack,), kind="update", owner=w, step=t, procs=p)
         deps, self.prev_pulls[k] = (pack, *self.prev_pulls[k]), pulls
-        return self.dag.add("update", c.unpack_s + c.update_s, cpu, deps, kind="update", owner=w, step=t)
+        return self.dag.add("update", c.unpack_s + c.update_s, cpu, deps, kind="update", owner=w, step=t, procs=p)
 
 
 class ASGDPlan(_PSBuilder):

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from modelling.cores import on_shared_cores
 from modelling.costs import CommCosts
 from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
 from modelling.fabric import Fabric, Wire, compute
@@ -152,7 +153,7 @@ _MAX_ITERATIONS = 96
 _SETTLED = 1e-6  # relative change of the period between the last half and the last quarter
 
 
-def _steady_state(c: Costs, s: Scenario) -> tuple[Plan, Schedule, dict[str, float]]:
+def _steady_state(c: Costs, s: Scenario, cores: int | None = None) -> tuple[Plan, Schedule, dict[str, float]]:
     """The plan unrolled until its period has settled, its schedule and the periods.
 
     The start-up transient of a pipelined schedule dies away slowly when compute and
@@ -163,7 +164,7 @@ def _steady_state(c: Costs, s: Scenario) -> tuple[Plan, Schedule, dict[str, floa
     iterations, before = None, None
     while True:
         plan = build_plan(c, s, iterations)
-        sched = simulate(plan.dag)
+        sched = simulate(plan.dag, cores)
         half, quarter = _periods(plan, sched), _periods(plan, sched, last=0.25)
         iterations = len(next(iter(plan.iteration_ends.values())))
         settled = half is not None and quarter is not None and before is not None and all(
@@ -172,7 +173,7 @@ def _steady_state(c: Costs, s: Scenario) -> tuple[Plan, Schedule, dict[str, floa
         before = half
         if settled or iterations * 2 > _MAX_ITERATIONS:
             if half is None:
-                return _lapped(c, s, plan, sched, iterations)
+                return _lapped(c, s, plan, sched, iterations, cores)
             return plan, sched, half
         iterations *= 2
 
@@ -183,7 +184,8 @@ def _own_pace(ends: list[float]) -> float:
     return (ends[-1] - ends[k - 1]) / (len(ends) - k) if len(ends) > 1 else ends[-1]
 
 
-def _lapped(c: Costs, s: Scenario, plan: Plan, sched: Schedule, iterations: int) -> tuple[Plan, Schedule, dict]:
+def _lapped(c: Costs, s: Scenario, plan: Plan, sched: Schedule, iterations: int,
+            cores: int | None) -> tuple[Plan, Schedule, dict]:
     """Workers without a barrier (ASGD) that keep paces so different that, unrolled alike, the
     fast ones are done before the slow ones have run twice: each class is unrolled in
     proportion to its pace (first its own, then its pace over the window they share), so that
@@ -194,7 +196,7 @@ def _lapped(c: Costs, s: Scenario, plan: Plan, sched: Schedule, iterations: int)
         slowest = max(paces)
         counts = [min(max(iterations, round(iterations * slowest / max(p, 1e-15))), 64 * iterations) for p in paces]
         plan = build_plan(c, s, iterations, counts)
-        sched = simulate(plan.dag)
+        sched = simulate(plan.dag, cores)
         shared = _periods(plan, sched)
         if shared is None:
             raise NoPrediction(
@@ -223,8 +225,8 @@ def _compact_path(plan: Plan, sched: Schedule, path: list[int]) -> list[dict[str
 def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores: int | None = None) -> dict[str, Any]:
     """The prediction of one scenario (its comm_on_cpu decided: see `predict`)."""
     mark = len(comm.notes)
-    costs = build_costs(layers, comm, s)
-    plan, sched, periods = _steady_state(costs, s)
+    costs, cores = on_shared_cores(build_costs(layers, comm, s), layers, s, host_cores)
+    plan, sched, periods = _steady_state(costs, s, cores)
     total = sum(plan.multiplicity.values())
     iter_time = sum(periods[o] * m for o, m in plan.multiplicity.items()) / total
     batch = s.batch_size or layers["batch_size"]
@@ -249,12 +251,12 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
     groups_busy: dict[str, list[float]] = {}
     for res, busy in busy_time(plan.dag, sched, t0, t1).items():
         groups_busy.setdefault(res.group, []).append(busy / (t1 - t0) if t1 > t0 else 0.0)
-    dag = plan.dag
+    dag, window = plan.dag, range(k, len(ends))  # worker 0's steps in the measured window
     compute_s = sum(
-        dag.durations[t]
+        sched.durations[t]
         for t in range(len(dag))
-        if dag.owners[t] == "worker0" and dag.steps[t] == 0 and dag.kinds[t] in (*WORKER_TASKS, "straggle")
-    )
+        if dag.owners[t] == "worker0" and dag.steps[t] in window and dag.kinds[t] in (*WORKER_TASKS, "straggle")
+    ) / len(window)
     return {
         "workers": s.workers,
         "servers": s.servers,

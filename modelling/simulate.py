@@ -13,6 +13,10 @@ its resources were free (a push that waits for its shard is already in the
 socket buffers when the shard takes it) ends it that much sooner, at most the
 time it waited. Its start, and so the order in which resources serve, is as
 without it.
+
+Where the ranks share one host's cores (an emulated cluster, loopback), a task that is
+CPU work stands for `procs` processes on them, and `simulate(dag, cores)` shares the cores
+among the processes computing at each moment (modelling/cores.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+from modelling.cores import SHARE_ROUNDS, settled, shared_durations
 
 
 @dataclass
@@ -34,6 +40,8 @@ class Dag:
     owners: list[str] = field(default_factory=list)  # which worker or server the task belongs to
     steps: list[int] = field(default_factory=list)
     absorbs: list[float] = field(default_factory=list)  # of its duration, what a wait can absorb
+    # CPU work: how many processes on the host's cores the task stands for (0: not CPU work).
+    procs: list[int] = field(default_factory=list)
 
     def add(
         self,
@@ -46,6 +54,7 @@ class Dag:
         owner: str = "",
         step: int = 0,
         absorbs: float = 0.0,
+        procs: int = 0,
     ) -> int:
         deps = tuple(d for d in deps if d is not None)
         n = len(self.names)
@@ -63,6 +72,7 @@ class Dag:
         self.owners.append(owner)
         self.steps.append(step)
         self.absorbs.append(absorbs)
+        self.procs.append(procs)
         return n
 
     def __len__(self) -> int:
@@ -75,9 +85,28 @@ class Schedule:
     end: list[float]
     # The task that held up each task's start: a dependency or the resource's previous user.
     blocker: list[int | None]
+    # Each task's duration as it ran: its own, or stretched by sharing the host's cores.
+    durations: list[float] = field(default_factory=list)
 
 
-def simulate(dag: Dag) -> Schedule:
+def simulate(dag: Dag, cores: int | None = None) -> Schedule:
+    """The schedule of `dag`; with `cores`, its CPU work shares them (modelling/cores.py): the
+    durations and the schedule are iterated to a fixed point, where each CPU task's duration
+    is what sharing the cores with the processes the schedule has beside it gives."""
+    durations = list(dag.durations)
+    sched = _schedule(dag, durations)
+    if not cores or not any(dag.procs):
+        return sched
+    for _ in range(SHARE_ROUNDS):
+        stretched = shared_durations(dag, sched, cores)
+        if settled(durations, stretched):
+            break
+        durations = stretched
+        sched = _schedule(dag, durations)
+    return sched
+
+
+def _schedule(dag: Dag, durations: list[float]) -> Schedule:
     n = len(dag)
     waiting = [len(d) for d in dag.deps]
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -102,7 +131,7 @@ def simulate(dag: Dag) -> Schedule:
             if f > begin:
                 begin, why = f, last_user[r]
         start[t], blocker[t] = begin, why
-        finish = begin + dag.durations[t] - min(dag.absorbs[t], begin - ready)
+        finish = begin + durations[t] - min(dag.absorbs[t], begin - ready)
         end[t] = finish
         for r in dag.resources[t]:
             free[r] = finish
@@ -116,7 +145,7 @@ def simulate(dag: Dag) -> Schedule:
                 heapq.heappush(heap, (ready_at[s], s))
     if done != n:
         raise ValueError(f"the task graph has a cycle: {n - done} tasks never became ready")
-    return Schedule(start, end, blocker)
+    return Schedule(start, end, blocker, durations)
 
 
 def critical_path(dag: Dag, sched: Schedule, last: int, since: float = 0.0) -> list[int]:

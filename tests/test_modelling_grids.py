@@ -17,6 +17,11 @@ TOLERANCE = 0.01
 # Scenario name -> why its prediction changed since it was recorded (the new figure must lie
 # closer to the measured one than the recorded figure did).
 CHANGED: dict[str, str] = {}
+# grid/scenario -> why its compute (the worker's, as it runs) changed while its iteration did not.
+COMPUTE_CHANGED: dict[str, str] = {
+    "onehost/mlp-odsgd-ps-w2-b32-r0": "on one host of 2 cores, the local update shares them with the shard's "
+    "update (3 processes: modelling/cores.py); the round, bound by communication, is as it was",
+}
 
 
 def _grids() -> list[Path]:
@@ -39,6 +44,10 @@ def test_a_recorded_grid_predicts_as_recorded(grid: Path) -> None:
             continue
         assert got == pytest.approx(then["iter_time_s"], rel=TOLERANCE), name
         for part in ("compute_s", "comm_s"):
+            why = COMPUTE_CHANGED.get(f"{grid.name}/{name}") if part == "compute_s" else None
+            if why:
+                assert now[name][part] > then[part], (name, why)
+                continue
             assert now[name][part] == pytest.approx(then[part], rel=TOLERANCE, abs=1e-9), (name, part)
 
 

@@ -427,6 +427,35 @@ def test_on_an_emulated_cluster_the_hosts_cores_bound_the_iteration_by_measured_
     assert what_if["host_cpu_bound_s"] == 0.0
 
 
+def test_on_an_emulated_cluster_the_ranks_computing_at_each_moment_share_the_hosts_cores() -> None:
+    """Namespaces of one host of 2 cores, 4 workers and a shard: the profile timed 4 processes
+    computing at once, each at 2/4 of its speed, so a computation's work at full speed is half
+    its profiled time. A ring's 4 workers compute at once, each at 2/4 again: as profiled. A
+    shard's pulls come back to its own node's 2 workers at once and to the other node's 2 a
+    link's queue later; each pair then computes alone on the 2 cores, at full speed. Compute
+    timed in situ ran as training shared the cores, and is taken as it is."""
+    node_of_rank = _placed(4, 1, 2, "colocated")
+    raw = _ps_comm(node_of_rank, workers=4)
+    for row in raw["measurements"]:
+        row["host_cpu_s"] = 1e-4  # measured on the host: its cores run every rank
+    raw["environment"]["world_size"] = 5
+    comm = fit_comm(raw, link_bytes_per_s=LINK)
+    profiled = TABLE | {"processes": 4, "environment": {"cpu_count": 2, "processes": 4}}
+    ring = Scenario.of("t", algorithm="ssgd", comm="allreduce", workers=4, servers=0, node_of_rank=node_of_rank[:4])
+    [r] = predict(profiled, comm, ring)
+    assert r["compute_s"] == pytest.approx(DATA + F + B + UNPACK + UPDATE, rel=1e-9)
+    ps = Scenario.of("t", algorithm="ssgd", comm="ps", workers=4, servers=1, node_of_rank=node_of_rank)
+    [alone] = predict(profiled, comm, ps)
+    assert 2 * T < alone["iter_time_s"]  # the far pair's pulls queue on one uplink: longer than the work
+    assert alone["compute_s"] == pytest.approx((DATA + F + B + PACK + UNPACK) * 2 / 4, rel=1e-9)
+    [insitu] = predict(profiled | {"source": "in situ"}, comm, ps)
+    assert insitu["compute_s"] == pytest.approx(DATA + F + B + PACK + UNPACK, rel=1e-9)
+    # On the round's critical path: the far pair's turn and the shard's update, each at full
+    # speed where profiled, twice that where taken as timed.
+    turn, update = DATA + F + B + PACK + UNPACK, SERVER_UPDATE + 3 * SERVER_ADD
+    assert insitu["iter_time_s"] - alone["iter_time_s"] == pytest.approx((turn + update) * 2 / 4, rel=1e-6)
+
+
 def _with_asgd_passes(raw: dict, passes, node_of_rank=None, tails=None) -> dict:
     """comm.json with ASGD passes timed per worker (`passes`: one bytes -> seconds per worker;
     `tails`: the same for each reply's time on the link after the shard's send returned)."""

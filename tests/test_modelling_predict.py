@@ -317,8 +317,10 @@ def test_on_loopback_the_host_cores_bound_the_iteration() -> None:
     # latency alpha) keeps both ends of a transfer busy.
     bound = (4 * per_worker + 2 * 2 * 4 * 4_000_000 * BETA + server) / 2
     assert r["host_cpu_bound_s"] == pytest.approx(bound)
-    assert r["iter_time_s"] == pytest.approx(bound)
-    assert r["throughput_samples_per_s"] == pytest.approx(4 * 32 / bound)
+    # The 4 workers' computations share the 2 cores too (modelling/cores.py): where they
+    # overlap in the schedule it is longer than the bound, never shorter.
+    assert bound * (1 - 1e-9) <= r["iter_time_s"] < 1.1 * bound
+    assert r["throughput_samples_per_s"] == pytest.approx(4 * 32 / r["iter_time_s"])
     # Without the host (a link of the same speed), the shard's link alone sets the pace.
     [link] = predict(table, COMM, algorithm="ssgd", comm_mode="ps", workers=[4], servers=1)
     assert link["iter_time_s"] < bound
@@ -381,9 +383,11 @@ def test_the_predict_stage_writes_a_row_for_every_configuration_predicted_or_not
 
 
 def _placed_comm(alpha: float, beta: float, gamma: float, workers: int, servers: int, node_of_rank,
-                 pull_lead: float | None) -> dict:
+                 pull_lead: float | None, cores: int = 16) -> dict:
     """comm.json as the microbenchmark of this very world would measure it on node links: a
-    PS round's latencies overlap and its bytes queue on the busiest link (fit.py)."""
+    PS round's latencies overlap and its bytes queue on the busiest link (fit.py). Where the
+    host has fewer cores than ranks, it measured the host's CPU time of a round as well: the
+    nodes are namespaces of one host, whose cores every rank shares."""
     from modelling.links import ps_link_queue
 
     comm = synthetic_comm(alpha, beta, gamma, workers=workers, servers=servers)
@@ -394,7 +398,9 @@ def _placed_comm(alpha: float, beta: float, gamma: float, workers: int, servers:
             row["node_of_rank"] = list(node_of_rank)
             if pull_lead is not None:
                 row["pull_lead_s"] = pull_lead * row["bytes"] * beta
-    comm["environment"] = {"hosts": 1, "nodes": len(set(node_of_rank)), "cpu_count": 16,
+            if cores < workers + servers:
+                row["host_cpu_s"] = alpha + row["bytes"] * beta
+    comm["environment"] = {"hosts": 1, "nodes": len(set(node_of_rank)), "cpu_count": cores,
                            "world_size": workers + servers}
     return comm
 
@@ -428,16 +434,17 @@ def scenarios(draw):
     shards = max(servers, 1)
     if node_of_rank is not None and same_world and comm == "ps" and workers > 1 and len(set(node_of_rank)) > 1:
         raw = _placed_comm(alpha, beta, gamma, workers, shards, node_of_rank,
-                           draw(st.sampled_from([None, 0.0, 0.5])))
+                           draw(st.sampled_from([None, 0.0, 0.5])), draw(st.sampled_from([16, 1, 2])))
     else:
         raw = synthetic_comm(alpha, beta, gamma, workers=measured, servers=shards)
     layers = draw(st.lists(st.tuples(st.floats(0.0, 5e-3), st.floats(0.0, 1e-2), st.integers(4, 8_000_000)),
                            min_size=1, max_size=5))
+    processes = draw(st.sampled_from([1, workers]))  # the profile's ranks computing at once
     scenario = {"algorithm": algorithm, "comm": comm, "workers": workers, "servers": servers,
                 "node_of_rank": node_of_rank,
                 "bandwidth_bytes_per_s": draw(st.sampled_from([None, rate])),
                 "bucket_mb": draw(st.sampled_from([0.0, 25.0])), "overlap": draw(st.booleans())}
-    return layers, raw, rate, scenario
+    return layers, raw, rate, scenario, processes
 
 
 def _fifo_shards(fields: dict) -> bool:
@@ -472,10 +479,11 @@ def test_every_scenario_of_the_family_predicts_within_its_bounds_or_says_why(cas
     the full bounds hold."""
     from modelling.scenario import Scenario
 
-    layers, raw, rate, fields = case
+    layers, raw, rate, fields, processes = case
     fwd, bwd, nbytes = zip(*layers, strict=True)
     model = fit_comm(raw, link_bytes_per_s=rate)
-    [r] = predict(layer_table(fwd, bwd, nbytes), model, Scenario.of("t", **fields), strict=False)
+    table = layer_table(fwd, bwd, nbytes) | {"processes": processes, "environment": raw.get("environment") or {}}
+    [r] = predict(table, model, Scenario.of("t", **fields), strict=False)
     if r["no_prediction"] is not None:
         assert r["iter_time_s"] is None and r["no_prediction"]
         return

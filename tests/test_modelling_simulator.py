@@ -146,3 +146,70 @@ def test_bucket_assignment_matches_ddp(sizes, cap_mb) -> None:
     first = ddp_buckets([t.numel() * 4 for t in tensors], cap, first_cap_bytes=1024 * 1024)
     torch_first, _ = dist._compute_bucket_assignment_by_size(tensors, [1024 * 1024, cap], [False] * len(tensors))
     assert sorted(map(list, torch_first)) == sorted(first)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    jobs=st.lists(st.tuples(st.floats(0.01, 3.0), st.integers(1, 4)), min_size=1, max_size=8),
+    cores=st.integers(1, 4),
+)
+def test_cpu_work_started_together_ends_as_processor_sharing_ends_it(jobs, cores) -> None:
+    """Jobs of `procs` processes started together on `cores` (each on its own CPU resource):
+    the least work ends first, every job progressing at min(1, cores / busy) meanwhile, so
+    the k-th to end (by work) ends at sum over j <= k of (w_j - w_{j-1}) * max(1, busy_j / cores),
+    busy_j the processes of the jobs not yet ended. Without cores each takes its work's time."""
+    dag = Dag()
+    tasks = [dag.add(f"compute{k}", work, (f"cpu{k}",), procs=procs) for k, (work, procs) in enumerate(jobs)]
+    order = sorted(range(len(jobs)), key=lambda k: jobs[k][0])
+    want, now, done = [0.0] * len(jobs), 0.0, 0.0
+    for j, k in enumerate(order):
+        busy = sum(jobs[i][1] for i in order[j:])
+        now += (jobs[k][0] - done) * max(1.0, busy / cores)
+        want[k], done = now, jobs[k][0]
+    s = simulate(dag, cores)
+    for t, end in zip(tasks, want, strict=True):
+        assert s.end[t] == pytest.approx(end, rel=1e-6)
+        assert s.durations[t] == pytest.approx(s.end[t] - s.start[t], rel=1e-9)
+    assert simulate(dag).end == [w for w, _ in jobs]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.integers(1, 6),
+    work=st.floats(0.01, 1.0),
+    extra=st.floats(0.0, 3.0),
+    wait=st.floats(0.0, 2.0),
+)
+def test_a_chain_beside_a_long_job_shares_one_core_until_the_chain_ends(steps, work, extra, wait) -> None:
+    """One core. A wait that is not CPU work, then a chain of `steps` CPU tasks of `work`
+    each (each link starting where the one before ended), beside one job of W = wait +
+    steps * work + extra started at 0: the job runs alone until the wait ends, then both at
+    half speed until the chain ends, at wait + 2 * steps * work, then the job alone for its
+    last `extra`."""
+    long_work = steps * work + extra + wait  # outlasts the chain: shared the whole time
+    dag = Dag()
+    job = dag.add("job", long_work, ("cpu1",), procs=1)
+    last = dag.add("wait", wait, ("link",))
+    chain = []
+    for k in range(steps):
+        last = dag.add(f"step{k}", work, ("cpu0",), (last,), procs=1)
+        chain.append(last)
+    s = simulate(dag, cores=1)
+    for k, t in enumerate(chain):
+        assert s.end[t] == pytest.approx(wait + 2 * (k + 1) * work, rel=1e-6)
+    assert s.end[job] == pytest.approx(wait + 2 * steps * work + (long_work - wait - steps * work), rel=1e-6)
+
+
+def test_workers_that_take_turns_compute_at_full_speed_and_together_share() -> None:
+    """Two workers of one process each on one core: where a transfer staggers them by more
+    than their compute, each computes alone; where they start together, each takes twice
+    its work, and a task that is not CPU work never stretches."""
+    for stagger, ends in ((2.0, (1.0, 3.0)), (0.0, (2.0, 2.0))):
+        dag = Dag()
+        a = dag.add("compute0", 1.0, ("cpu0",), procs=1)
+        pull = dag.add("pull", stagger, ("link",))
+        b = dag.add("compute1", 1.0, ("cpu1",), (pull,), procs=1)
+        after = dag.add("push", 1.0, ("link",), (a,))
+        s = simulate(dag, cores=1)
+        assert (s.end[a], s.end[b]) == pytest.approx(ends)
+        assert s.durations[after] == 1.0
