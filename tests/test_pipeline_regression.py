@@ -109,6 +109,38 @@ def test_repeats_of_this_run_enter_as_one_run_level_value() -> None:
     assert res["normalised"] is None and res["host_change"] is None  # no canary in these runs
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    runs=st.lists(st.lists(st.floats(-0.4, 0.1), min_size=3, max_size=3), min_size=3, max_size=12),
+    tonight=st.lists(st.floats(-0.4, 0.1), min_size=3, max_size=3),
+    slowdown=st.floats(0.0, 0.4),
+    alpha=st.sampled_from([0.01, 0.05, 0.2]),
+)
+def test_the_mean_and_the_fastest_repeat_are_each_tested_at_half_alpha(runs, tonight, slowdown, alpha) -> None:
+    """Runs of three repeats (log throughput about 1000/s, each repeat slowed by its own share of
+    interference): the alarm fires where the mean of tonight's repeats, or its fastest repeat, lies
+    below the history's (run-level: the mean of each run's logs, its fastest repeat) by the
+    prediction test at alpha / 2 and by more than min_effect; the detectable slowdown is the
+    smaller of the two. With one repeat a run has no fastest: the mean alone, at alpha."""
+    spec = RegressionSpec(alpha=alpha)
+    history = [[1000 * math.exp(x) for x in r] for r in runs]
+    now = [1000 * math.exp(x) * (1 - slowdown) for x in tonight]
+    res = check_throughput(now, history, spec)
+    mean = prediction_test(now, [math.exp(statistics.fmean(math.log(v) for v in r)) for r in history], log=True)
+    best = prediction_test([max(now)], [max(r) for r in history], log=True)
+    fired = [t["p_value"] < alpha / 2 and t["effect"] < -spec.min_effect for t in (mean, best)]
+    assert res["regressed"] == any(fired)
+    assert (res["mean_of_repeats"]["p_value"], res["best_of_repeats"]["p_value"]) == pytest.approx(
+        (mean["p_value"], best["p_value"]), rel=1e-9, abs=1e-300)
+    assert res["statistic"] == ("best" if fired[1] and not fired[0] else "mean")
+    assert res["detectable_slowdown"] == min(res["mean_of_repeats"]["detectable_slowdown"],
+                                             res["best_of_repeats"]["detectable_slowdown"])
+    one = check_throughput(now[:1], [r[:1] for r in history], spec)
+    alone = prediction_test(now[:1], [r[0] for r in history], log=True)
+    assert one["statistic"] == "mean" and "best_of_repeats" not in one
+    assert one["regressed"] == (alone["p_value"] < alpha and alone["effect"] < -spec.min_effect)
+
+
 def test_a_significant_change_below_the_minimum_effect_is_no_regression() -> None:
     """A history with almost no spread makes a 3% slowdown significant; min_effect (5%) keeps it quiet."""
     history = _history([[1000.0 + i * 0.5] for i in range(6)])
