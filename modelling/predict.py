@@ -318,6 +318,11 @@ def _scenario(scenario: Scenario | None, settings: dict[str, Any]) -> Scenario:
     return Scenario.of("scenario", **settings)
 
 
+def cores_of(comm_model: dict[str, Any]) -> int | None:
+    """The cores of the host the comm model was measured on (None: not recorded)."""
+    return (comm_model.get("environment") or {}).get("cpu_count")
+
+
 def _decided(s: Scenario, comm_model: dict[str, Any]) -> Scenario:
     """comm_on_cpu None: whether the comm model is loopback for this world, and the world
     itself on one node (placed over nodes, its transfers cross links)."""
@@ -350,7 +355,7 @@ def predict(
     if any(n < 1 for n in sizes):
         raise ValueError(f"workers: every world size must be at least 1, got {sizes}")
     comm = CommCosts(comm_model, scenario.bandwidth_bytes_per_s)
-    host_cores = (comm_model.get("environment") or {}).get("cpu_count")
+    host_cores = cores_of(comm_model)
     out = []
     for n in sizes:
         s = _decided(scenario.with_workers(n), comm_model)

@@ -10,7 +10,7 @@ from typing import Any
 from modelling.cores import on_shared_cores
 from modelling.costs import CommCosts
 from modelling.dag import Plan, build_plan
-from modelling.predict import WORKER_TASKS, _decided, _scenario, build_costs, table
+from modelling.predict import WORKER_TASKS, _decided, _scenario, build_costs, cores_of, table
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, simulate
 
@@ -26,7 +26,7 @@ def predicted_timeline(
     s = _decided(_scenario(scenario, settings), comm_model)
     layers = table(layers)
     costs = build_costs(layers, CommCosts(comm_model, s.bandwidth_bytes_per_s), s)
-    costs, cores = on_shared_cores(costs, layers, s, (comm_model.get("environment") or {}).get("cpu_count"))
+    costs, cores = on_shared_cores(costs, layers, s, cores_of(comm_model))
     plan = build_plan(costs, s)
     return _records(plan, simulate(plan.dag, cores))
 

@@ -119,9 +119,9 @@ def _brief(check: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check(now: dict[str, Any], history: list[dict[str, Any]], spec: Any, power: bool = True) -> dict[str, Any]:
-    """One figure of this run against the history runs': the
-    raw test, the test relative to the canary (when every run has one), the deciding one's figures
-    at the top level, and the change of the host's canary speed with its test.
+    """One figure of this run against the history runs': the raw test, the test relative to the
+    canary (when every run has one), the deciding one's figures at the top level, and the change
+    of the host's canary speed with its test.
 
     The canary-relative test decides only where the host moved: tonight's canary outside the
     history's spread of it (two-sided, p < host_alpha). Dividing by the canary also adds the
