@@ -89,6 +89,10 @@ def on_shared_cores(c: Costs, layers: dict[str, Any], s: Scenario, host_cores: i
         c, fwd=[work(x) for x in c.fwd], bwd=[work(x) for x in c.bwd], data_s=work(c.data_s),
         update_s=work(c.update_s), pack_s=work(c.pack_s), unpack_s=work(c.unpack_s),
         server_update_s=work(c.server_update_s), server_apply_s=work(c.server_apply_s),
-        straggle_s=work(c.straggle_s),
+        # Where the profile's processes outnumbered its cores, the spread of their iteration times
+        # is the order the scheduler served them in, not work: ranks that compute at once all end
+        # by the time their whole work is done (the scheduler is work-conserving), which sharing
+        # gives as the computation's end, and a rank computing alone is served at once.
+        straggle_s=c.straggle_s if share >= 1.0 else 0.0,
     )
     return work_costs, (host_cores if s.ranks > host_cores else None)

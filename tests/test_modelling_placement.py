@@ -15,7 +15,7 @@ from infra.placement import place
 from modelling.dag import build_plan
 from modelling.fit import CommCosts, fit_comm
 from modelling.links import ps_link_queue
-from modelling.predict import build_costs, predict, predicted_timeline
+from modelling.predict import build_costs, expected_straggle, predict, predicted_timeline
 from modelling.scenario import Scenario
 from tests.test_modelling_fit import SIZES, synthetic_comm
 from tests.test_modelling_predict import layer_table
@@ -427,6 +427,16 @@ def test_on_an_emulated_cluster_the_hosts_cores_bound_the_iteration_by_measured_
     assert what_if["host_cpu_bound_s"] == 0.0
 
 
+def _one_host_comm(node_of_rank: tuple[int, ...]) -> dict:
+    """The fit of a microbenchmark of 4 workers and a shard on namespaces of one host: host CPU
+    measured, as there, where the host's cores run every rank."""
+    raw = _ps_comm(node_of_rank, workers=4)
+    for row in raw["measurements"]:
+        row["host_cpu_s"] = 1e-4
+    raw["environment"]["world_size"] = 5
+    return fit_comm(raw, link_bytes_per_s=LINK)
+
+
 def test_on_an_emulated_cluster_the_ranks_computing_at_each_moment_share_the_hosts_cores() -> None:
     """Namespaces of one host of 2 cores, 4 workers and a shard: the profile timed 4 processes
     computing at once, each at 2/4 of its speed, so a computation's work at full speed is half
@@ -435,11 +445,7 @@ def test_on_an_emulated_cluster_the_ranks_computing_at_each_moment_share_the_hos
     link's queue later; each pair then computes alone on the 2 cores, at full speed. Compute
     timed in situ ran as training shared the cores, and is taken as it is."""
     node_of_rank = _placed(4, 1, 2, "colocated")
-    raw = _ps_comm(node_of_rank, workers=4)
-    for row in raw["measurements"]:
-        row["host_cpu_s"] = 1e-4  # measured on the host: its cores run every rank
-    raw["environment"]["world_size"] = 5
-    comm = fit_comm(raw, link_bytes_per_s=LINK)
+    comm = _one_host_comm(node_of_rank)
     profiled = TABLE | {"processes": 4, "environment": {"cpu_count": 2, "processes": 4}}
     ring = Scenario.of("t", algorithm="ssgd", comm="allreduce", workers=4, servers=0, node_of_rank=node_of_rank[:4])
     [r] = predict(profiled, comm, ring)
@@ -454,6 +460,27 @@ def test_on_an_emulated_cluster_the_ranks_computing_at_each_moment_share_the_hos
     # speed where profiled, twice that where taken as timed.
     turn, update = DATA + F + B + PACK + UNPACK, SERVER_UPDATE + 3 * SERVER_ADD
     assert insitu["iter_time_s"] - alone["iter_time_s"] == pytest.approx((turn + update) * 2 / 4, rel=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(samples=st.lists(st.floats(0.5 * T, 3 * T), min_size=2, max_size=12), processes=st.integers(1, 6))
+def test_a_profile_that_outnumbered_its_cores_gives_no_straggler_on_shared_cores(
+    samples: list[float], processes: int
+) -> None:
+    """A ring's 4 workers on an emulated cluster of one 2-core host. A profile of more processes
+    than cores timed them served in turn: the spread of its iterations is that order, and ranks
+    computing at once end together by when their work is done, so a barrier waits for nothing
+    beyond it. A profile of as many processes as cores or fewer timed each on a core of its own:
+    its spread is the work's own, and the barrier waits for the slowest of the 4."""
+    node_of_rank = _placed(4, 1, 2, "colocated")
+    comm = _one_host_comm(node_of_rank)
+    ring = Scenario.of("t", algorithm="ssgd", comm="allreduce", workers=4, servers=0, node_of_rank=node_of_rank[:4])
+    profiled = TABLE | {"processes": processes, "environment": {"cpu_count": 2, "processes": processes}}
+    [steady] = predict(profiled, comm, ring)
+    [jittery] = predict(profiled | {"iteration_samples_s": samples}, comm, ring)
+    own_cores = processes <= 2
+    straggle = expected_straggle(samples, 4) if own_cores else 0.0
+    assert jittery["compute_s"] - steady["compute_s"] == pytest.approx(straggle, rel=1e-6, abs=1e-12)
 
 
 def _with_asgd_passes(raw: dict, passes, node_of_rank=None, tails=None) -> dict:
