@@ -86,7 +86,7 @@ class Schedule:
     # The task that held up each task's start: a dependency or the resource's previous user.
     blocker: list[int | None]
     # Each task's duration as it ran: its own, or stretched by sharing the host's cores.
-    durations: list[float] = field(default_factory=list)
+    durations: list[float]
 
 
 def simulate(dag: Dag, cores: int | None = None) -> Schedule:

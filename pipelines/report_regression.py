@@ -38,10 +38,9 @@ STATISTIC = (
     "one-sided t tests of this run's mean log throughput over repeats, and of its fastest repeat, each at "
     "alpha/2, against the run-level distribution of the history (same spec hash and hardware), the "
     "variance the history's between-run spread plus each run's within-run noise (batch means of its "
-    "steps); made raw and relative to the host-speed "
-    "canary, which decides where the canary moved beyond its spread in the history (two-sided, "
-    "p < host_alpha), the raw one elsewhere; a regression needs p < alpha and a slowdown above "
-    "min_effect, and stands only if a rerun agrees"
+    "steps); made raw and relative to the host-speed canary, which decides where the canary moved "
+    "beyond its spread in the history (two-sided, p < host_alpha), the raw one elsewhere; a "
+    "regression needs p < alpha and a slowdown above min_effect, and stands only if a rerun agrees"
 )
 INJECTED = "inject_delay_ms"
 
