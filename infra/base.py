@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
+from infra import bounds
 from infra.placement import Placement, PlacementError, Policy, place
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     max_restarts: int = 0  # torchrun restarts every rank of a failed job this many times
+    # Set while the job runs, it ends the job now (its launcher saw a rank stop, training/heartbeat.py).
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
 
 @dataclass
@@ -62,6 +65,7 @@ class JobResult:
     failed_ranks: list[dict] = field(default_factory=list)
     timed_out: bool = False
     causes: list[str] = field(default_factory=list)  # what the failed ranks said they were doing
+    cancelled: bool = False  # ended by its Job's `cancel`
 
     @property
     def ok(self) -> bool:
@@ -70,6 +74,8 @@ class JobResult:
     def describe_failure(self) -> str:
         if self.timed_out:
             return f"the job ran past its timeout and was killed (log: {self.log_path})"
+        if self.cancelled:  # the ranks' exits are ours: only what they said counts
+            return "; ".join(["the launcher ended the job", *self.causes]) + f" (log: {self.log_path})"
         if self.failed_ranks:
             parts = [f"rank {f['rank']} exited with {f['exitcode']}" + (f" ({f['signal']})" if f.get("signal") else "")
                      for f in self.failed_ranks]
@@ -196,8 +202,10 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
 
 
 def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: Path,
-                  timeout_s: float | None, echo: bool = True, fail_fast: bool = True) -> JobResult:
-    """Start one process group per argv, wait for all, kill all on the first failure or timeout.
+                  timeout_s: float | None, echo: bool = True, fail_fast: bool = True,
+                  cancel: threading.Event | None = None) -> JobResult:
+    """Start one process group per argv, wait for all, kill all on the first failure, on the
+    timeout, or once `cancel` is set.
 
     With `fail_fast`, the first rank failure torchrun reports ends the job at once:
     torchrun itself waits 30 s for the other ranks to stop (for ever for a stopped one).
@@ -223,9 +231,12 @@ def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: 
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
                 procs.append(p)
                 pumps.append(stream_process(p, log, echo, watch))
-            timed_out = False
+            timed_out = cancelled = False
             while any(p.poll() is None for p in procs):
                 if any(p.poll() not in (None, 0) for p in procs):
+                    break
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
                     break
                 if failed_at and time.monotonic() - failed_at[0] > _STOP_GRACE_S:
                     break  # a rank that ignores SIGTERM (a stopped straggler) is killed below
@@ -242,8 +253,11 @@ def run_processes(argvs: list[list[str]], envs: list[dict[str, str]], log_path: 
     rc = next((c for c in codes if c != 0), 0)
     if timed_out and rc == 0:
         rc = 124
+    if cancelled and rc == 0:
+        rc = 1
     text = log_path.read_text(errors="replace")
-    return JobResult(rc, time.monotonic() - start, log_path, failed_ranks_from_log(text) if rc else [], timed_out)
+    return JobResult(rc, time.monotonic() - start, log_path, failed_ranks_from_log(text) if rc else [], timed_out,
+                     cancelled=cancelled)
 
 
 class Provider(ABC):
@@ -253,6 +267,8 @@ class Provider(ABC):
     # The job's processes are this process's descendants on this host, so the launcher can tell
     # their CPU time from other work's (infra/hostload.py).
     measures_host_load: bool = False
+    # Every rank runs on this host (local, an emulated cluster): its memory bounds a job's ranks.
+    one_host: bool = False
     nodes: int = 1
     options_model: ClassVar[type[ProviderOptions]]  # its options, built from keyword arguments
     options: ProviderOptions
@@ -271,6 +287,10 @@ class Provider(ABC):
         ProviderError naming the option when they cannot be placed. Checked when a spec
         loads (pipelines/spec.py), and again at launch."""
         o = self.options
+        ranks, most = workers + servers, bounds.ranks_per_host()
+        if self.one_host and ranks > most.limit:
+            raise ProviderError(f"workers: {workers} workers + {servers} servers = {ranks} ranks on this host, above "
+                                f"the bound of {most.limit} ({most.reason})")
         try:
             devices = getattr(o, "devices_per_node", None) or getattr(o, "gpus_per_node", 0) or None
             return place(workers, servers, self.nodes, getattr(o, "placement", Policy.colocated),

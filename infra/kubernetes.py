@@ -37,6 +37,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 
+from infra import bounds
 from infra.base import (
     Job,
     JobResult,
@@ -91,14 +92,16 @@ def _quantity(value: Any) -> Any:
 
 
 class KubernetesOptions(PlacementOptions):
-    nodes: Annotated[int, integer_at_least(1)] = Field(1, description="Pods of every job (one torchrun each).")
+    nodes: Annotated[int, integer_at_least(1, most=bounds.NODES)] = Field(
+        1, description="Pods of every job (one torchrun each).")
     image: Annotated[str, matching(IMAGE_REF, "an image reference such as registry:5000/ddlbench:1.0")] = Field(
         "ddlbench:latest", description="Container image holding this repository."
     )
     namespace: Annotated[str, matching(DNS_LABEL, "a namespace name (RFC 1123 label)")] = Field(
         "default", description="Kubernetes namespace of the Job and Service."
     )
-    gpus_per_node: Annotated[int, integer_at_least(0)] = Field(0, description="nvidia.com/gpu limit per pod.")
+    gpus_per_node: Annotated[int, integer_at_least(0, most=bounds.GPUS_PER_NODE)] = Field(
+        0, description="nvidia.com/gpu limit per pod.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod node selector, label -> value.")
     tolerations: list[Annotated[dict[str, Any], BeforeValidator(_toleration)]] = Field(
         default_factory=list, description="Pod tolerations (key, operator, value, effect, tolerationSeconds)."
@@ -119,14 +122,14 @@ class KubernetesOptions(PlacementOptions):
         str | None, matching(DNS_SUBDOMAIN, "a service account name (RFC 1123 subdomain)")
     ] = Field(None, description="Service account of the pods.")
     python: Annotated[str, OneLine] = Field("python", description="Python in the image that runs torchrun.")
-    master_port: int = Field(29500, description="torchrun's static rendezvous port on pod 0.")
+    master_port: int = Field(29500, ge=1, le=65535, description="torchrun's static rendezvous port on pod 0.")
     name_prefix: str = Field("ddlbench", description="Prefix of the Job's name (a DNS label).")
     kubeconfig: Annotated[str | None, OneLine] = Field(
         None, description="kubeconfig file; default: in-cluster or ~/.kube/config."
     )
     context: Annotated[str | None, OneLine] = Field(None, description="kubeconfig context.")
     api_server: Annotated[str | None, OneLine] = Field(None, description="API server URL, without a kubeconfig.")
-    poll_s: float = Field(2.0, description="Seconds between job state polls.")
+    poll_s: float = Field(2.0, gt=0, le=bounds.POLL_S.limit, description="Seconds between job state polls.")
 
     @field_validator("node_selector", mode="before")
     @classmethod
@@ -380,6 +383,9 @@ class KubernetesProvider(Provider):
                 self._created.append(("job", name))
                 batch.create_namespaced_job(self.namespace, k8s_job)
                 while (outcome := self.job_outcome(name)) == "running":
+                    if job.cancel.is_set():
+                        outcome = "cancelled"
+                        break
                     if deadline is not None and time.monotonic() > deadline:
                         outcome = "timeout"
                         break
@@ -387,10 +393,11 @@ class KubernetesProvider(Provider):
                 self.collect_logs(name, job, echo)
             finally:
                 self.delete(name)
-        rc = {"succeeded": 0, "failed": 1, "timeout": 124}[outcome]
+        rc = {"succeeded": 0, "failed": 1, "timeout": 124, "cancelled": 1}[outcome]
         text = job.log_path.read_text(errors="replace") if job.log_path.exists() else ""
         return JobResult(
-            rc, time.monotonic() - start, job.log_path, failed_ranks_from_log(text) if rc else [], outcome == "timeout"
+            rc, time.monotonic() - start, job.log_path, failed_ranks_from_log(text) if rc else [], outcome == "timeout",
+            cancelled=outcome == "cancelled",
         )
 
     def job_outcome(self, name: str) -> str:

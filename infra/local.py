@@ -16,6 +16,7 @@ class LocalOptions(ProviderOptions):
 class LocalProvider(Provider):
     name = "local"
     measures_host_load = True
+    one_host = True
     options_model = LocalOptions
 
     def __init__(self, **options: Any) -> None:
@@ -29,7 +30,8 @@ class LocalProvider(Provider):
         self.place_job(job)  # one node: every rank here, workers first
         argv = torchrun_argv(job.world_size, max_restarts=job.max_restarts) + ["-m", job.module, *job.args]
         env = base_env(self.threads) | job.env
-        return run_processes([argv], [env], job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0)
+        return run_processes([argv], [env], job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0,
+                             cancel=job.cancel)
 
     def teardown(self) -> None:
         """Nothing to release: run_processes already reaped every process group."""

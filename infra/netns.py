@@ -37,6 +37,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from infra import bounds
 from infra.base import (
     Job,
     JobResult,
@@ -141,17 +142,18 @@ def cleanup_stale() -> list[str]:
 
 
 class NetnsOptions(PlacementOptions):
-    nodes: Annotated[int, integer_at_least(1, "a positive integer")] = Field(
+    nodes: Annotated[int, integer_at_least(1, "a positive integer", most=bounds.NETNS_NODES)] = Field(
         2, description="Nodes: one network namespace each."
     )
     bandwidth: str | None = Field(
         "1gbit", description="Each link's rate in tc's bit units (100mbit, 1gbit); None leaves links unshaped."
     )
     subnet: str = Field("10.213.0.0/24", description="The cluster's private subnet (10.0.0.0/8 or 192.168.0.0/16).")
-    master_port: int = Field(29500, description="torchrun's static rendezvous port on node 0.")
+    master_port: int = Field(29500, ge=1, le=65535, description="torchrun's static rendezvous port on node 0.")
     lease_s: float = Field(
         86400.0,
         gt=0,
+        le=bounds.LEASE_S.limit,
         description="Seconds a cluster shared by a pipeline run's tasks stays up at most when no teardown "
         "comes (an abandoned run): its keeper then removes it.",
     )
@@ -181,6 +183,7 @@ class NetnsProvider(Provider):
     """K nodes as network namespaces on a bridge, each link shaped to `bandwidth`."""
 
     name = "netns"
+    one_host = True
     measures_host_load = True
     options_model = NetnsOptions
 
@@ -334,7 +337,8 @@ class NetnsProvider(Provider):
             argvs.append(["ip", "netns", "exec", self.ns_name(n), *torchrun, "-m", job.module, *job.args])
             ifname = {"GLOO_SOCKET_IFNAME": self.ifname(n), "NCCL_SOCKET_IFNAME": self.ifname(n)}
             envs.append(base_env(self.threads) | job.env | ifname)
-        return run_processes(argvs, envs, job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0)
+        return run_processes(argvs, envs, job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0,
+                             cancel=job.cancel)
 
     def teardown(self) -> None:
         _remove_cluster(self.tag, [self.ns_name(i) for i in range(self.nodes)])

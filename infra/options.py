@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from infra import bounds
 from infra.base import ProviderError
 from infra.placement import Policy
 
@@ -25,7 +26,8 @@ class ProviderOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    threads_per_process: int = Field(1, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
+    threads_per_process: int = Field(
+        1, ge=1, le=bounds.THREADS.limit, description="Threads per rank (OMP_NUM_THREADS, torch threads).")
 
     @classmethod
     def parse(cls: type[Opts], options: Mapping[str, Any]) -> Opts:
@@ -55,13 +57,18 @@ def format_options_error(err: ValidationError, model: type[ProviderOptions]) -> 
     return "\n".join(lines)
 
 
-def integer_at_least(least: int, wording: str | None = None, optional: bool = False) -> BeforeValidator:
-    """An int option of at least `least` (or None, when `optional`)."""
+def integer_at_least(least: int, wording: str | None = None, optional: bool = False,
+                     most: bounds.Bound | None = None) -> BeforeValidator:
+    """An int option of at least `least` and at most `most` (or None, when `optional`)."""
     expected = wording or f"an integer >= {least}"
 
     def check(value: Any) -> Any:
-        if not (optional and value is None) and (not isinstance(value, int) or value < least):
-            raise ValueError(f"expected {expected}, got {value!r}")
+        if optional and value is None:
+            return value
+        if not isinstance(value, int) or value < least:
+            raise ValueError(f"expected {expected}, got {excerpt(value)}")
+        if most is not None and value > most.limit:
+            raise ValueError(f"{value:,} is above the bound of {most.limit:,} ({most.reason})")
         return value
 
     return BeforeValidator(check)
@@ -75,10 +82,11 @@ class PlacementOptions(ProviderOptions):
         description="Parameter-server shards: colocated (spread over the worker nodes) or dedicated "
         "(on the last server_nodes nodes, which run no worker).",
     )
-    devices_per_node: Annotated[int | None, integer_at_least(1, "a positive integer", optional=True)] = Field(
+    devices_per_node: Annotated[int | None, integer_at_least(1, "a positive integer", optional=True,
+                                                             most=bounds.DEVICES_PER_NODE)] = Field(
         None, description="Workers per node (one per device), filling nodes in order; default: spread evenly."
     )
-    server_nodes: Annotated[int, integer_at_least(1, "a positive integer")] = Field(
+    server_nodes: Annotated[int, integer_at_least(1, "a positive integer", most=bounds.NODES)] = Field(
         1, description="Nodes given to the shards with placement: dedicated."
     )
 
@@ -106,7 +114,8 @@ def clip(text: str) -> str:
 # Values that reach a command line, a batch script or a cluster object: each is refused
 # unless it matches the character set of the system that reads it, so no value can add a
 # line to a script or a word to a command.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 controls (U+0085 is a line break too), and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")  # partition, account, job names
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # RFC 1123 label (namespaces)
 DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

@@ -41,6 +41,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
+from infra import bounds
 from infra.base import (
     Job,
     JobResult,
@@ -104,8 +105,10 @@ def cancel_orphans(conf: str | Path | None = None) -> list[str]:
 
 
 class SlurmOptions(PlacementOptions):
-    nodes: Annotated[int, integer_at_least(1)] = Field(1, description="Nodes of every job (sbatch --nodes).")
-    gpus_per_node: Annotated[int, integer_at_least(0)] = Field(0, description="GPUs per node (--gpus-per-node).")
+    nodes: Annotated[int, integer_at_least(1, most=bounds.NODES)] = Field(
+        1, description="Nodes of every job (sbatch --nodes).")
+    gpus_per_node: Annotated[int, integer_at_least(0, most=bounds.GPUS_PER_NODE)] = Field(
+        0, description="GPUs per node (--gpus-per-node).")
     time_limit: str | int = Field("30", description="Job time limit: minutes or [D-]HH:MM:SS.")
     partition: Annotated[str | None, matching(_PARTITIONS, "SLURM partition names (letters, digits, '_.+-'; "
                                                            "a comma-separated list)")] = Field(
@@ -114,14 +117,15 @@ class SlurmOptions(PlacementOptions):
     account: Annotated[str | None, matching(SLURM_NAME, "a SLURM account name (letters, digits, '_.+-')")] = Field(
         None, description="SLURM account to charge."
     )
-    cpus_per_node: Annotated[int | None, integer_at_least(1, "a positive integer", optional=True)] = Field(
+    cpus_per_node: Annotated[int | None, integer_at_least(1, "a positive integer", optional=True,
+                                                          most=bounds.CPUS_PER_NODE)] = Field(
         None, description="CPUs per node (--cpus-per-task)."
     )
     shared_dir: Annotated[str | Path | None, OneLine] = Field(
         None, description="Working directory every node sees; default: the run's."
     )
     python: Annotated[str, OneLine] = Field(sys.executable, description="Python on the nodes that runs torchrun.")
-    poll_s: float = Field(0.5, description="Seconds between job state polls.")
+    poll_s: float = Field(0.5, gt=0, le=bounds.POLL_S.limit, description="Seconds between job state polls.")
     slurm_conf: Annotated[str | Path | None, OneLine] = Field(
         None, description="The cluster's slurm.conf (SLURM_CONF for every SLURM command and job); default: the "
         "SLURM tools' own. scripts/services/slurm-cluster.sh's multi-node cluster: /etc/slurm-multi/slurm.conf."
@@ -130,7 +134,8 @@ class SlurmOptions(PlacementOptions):
         None, description="The nodes' interface for gloo and NCCL traffic (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), "
         "e.g. eth0; default: what they pick from the host name."
     )
-    queue_timeout_s: float = Field(600, gt=0, description="Seconds a run's allocation may wait in the queue.")
+    queue_timeout_s: float = Field(
+        600, gt=0, le=bounds.JOB_TIMEOUT_S.limit, description="Seconds a run's allocation may wait in the queue.")
 
     @field_validator("time_limit", mode="before")
     @classmethod
@@ -350,7 +355,7 @@ class SlurmProvider(Provider):
                           self.python, *torchrun[1:], "-m", job.module, *job.args])
         env = base_env(self.threads) | job.env | self._job_env()
         return run_processes(argvs, [env] * len(argvs), job.log_path, job.timeout_s, echo,
-                             fail_fast=job.max_restarts == 0)
+                             fail_fast=job.max_restarts == 0, cancel=job.cancel)
 
     def _run_batch(self, job: Job, echo: bool) -> JobResult:
         """The job as a batch job of its own: sbatch, then poll its state and its output file."""
@@ -370,12 +375,16 @@ class SlurmProvider(Provider):
         self.last_job_id = job_id
         self._active.add(job_id)
         start = time.monotonic()
-        timed_out = False
+        timed_out = cancelled = False
         offset = 0
         try:
             with on_death(["scancel", job_id]):  # the launcher killed outright: its watchdog cancels
                 while (state := self.queue_state(job_id)) in _ACTIVE:
                     offset = _echo_new(job.log_path, offset, echo)
+                    if job.cancel.is_set():
+                        cancelled = True
+                        self.cancel(job_id)
+                        break
                     if job.timeout_s is not None and time.monotonic() - start > job.timeout_s:
                         timed_out = True
                         self.cancel(job_id)
@@ -396,6 +405,7 @@ class SlurmProvider(Provider):
             job.log_path,
             failed_ranks_from_log(text) if rc else [],
             timed_out or state == "TIMEOUT",
+            cancelled=cancelled,
         )
 
     def queue_state(self, job_id: str) -> str | None:

@@ -11,7 +11,8 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from training.config import Device, format_validation_error
+from infra import bounds
+from training.config import Device, InputShape, format_validation_error
 
 
 class Config(BaseModel):
@@ -31,23 +32,26 @@ class Config(BaseModel):
 class ProfileSettings(Config):
     """How the layer profile measures."""
 
-    warmup: int = Field(3, ge=0, description="Iterations run before timing starts.")
-    repeats: int = Field(10, ge=1, description="Timed iterations; every figure is their median.")
-    timeout_s: float = Field(600.0, gt=0, description="Kill one profiling job after this long.")
+    warmup: int = Field(3, ge=0, le=bounds.REPEATS.limit, description="Iterations run before timing starts.")
+    repeats: int = Field(
+        10, ge=1, le=bounds.REPEATS.limit, description="Timed iterations; every figure is their median.")
+    timeout_s: float = Field(
+        600.0, gt=0, le=bounds.OP_TIMEOUT_S.limit, description="Kill one profiling job after this long.")
 
 
 class ProfileConfig(ProfileSettings):
     """One layer profile: what to profile, and how (`modelling.profiler.profile_layers`)."""
 
     model: str = Field(description="Model name (as for `ddlbench train`).")
-    batch_size: int = Field(ge=1, description="Per-process batch size.")
+    batch_size: int = Field(ge=1, le=bounds.BATCH_SIZE.limit, description="Per-process batch size.")
     device: Device = Field(Device.cpu, description="cpu or cuda.")
     processes: int = Field(
-        1, ge=1, description="Concurrent profiling processes: the training run's process count on this host."
+        1, ge=1, le=bounds.WORKERS.limit,
+        description="Concurrent profiling processes: the training run's process count on this host."
     )
     dataset: str = Field("synthetic", description="Where input batches come from.")
-    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W; default: the model's natural shape.")
-    num_classes: int = Field(10, ge=2, description="Classes of the synthetic dataset.")
+    input_shape: InputShape | None = Field(None, description="C,H,W; default: the model's natural shape.")
+    num_classes: int = Field(10, ge=2, le=bounds.NUM_CLASSES.limit, description="Classes of the synthetic dataset.")
     model_options: dict[str, int] = Field(
         default_factory=dict, description="A GPT's n_layer, d_model, n_head, vocab_size (default: the preset's).")
 
@@ -60,10 +64,11 @@ class MicrobenchSettings(Config):
     """How the communication microbenchmarks measure."""
 
     sizes: list[int] | None = Field(
-        None, description="Message sizes in bytes (comma separated on the command line); default 4 KiB .. 16 MiB."
+        None, max_length=bounds.MESSAGE_SIZES.limit,
+        description="Message sizes in bytes (comma separated on the command line); default 4 KiB .. 16 MiB."
     )
-    repeats: int = Field(5, ge=1, description="Timed operations per primitive and size.")
-    timeout_s: float = Field(600.0, gt=0, description="Kill the job after this many s.")
+    repeats: int = Field(5, ge=1, le=bounds.REPEATS.limit, description="Timed operations per primitive and size.")
+    timeout_s: float = Field(600.0, gt=0, le=bounds.OP_TIMEOUT_S.limit, description="Kill the job after this many s.")
 
     @field_validator("sizes", mode="before")
     @classmethod
@@ -80,15 +85,19 @@ class MicrobenchSettings(Config):
     def _sizes(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and (not v or min(v) < 1):
             raise ValueError(f"every size must be a positive byte count, got {v}")
+        if v is not None and max(v) > bounds.MESSAGE_BYTES.limit:
+            raise ValueError(f"{max(v):,} bytes is above the bound of {bounds.MESSAGE_BYTES.limit:,} "
+                             f"({bounds.MESSAGE_BYTES.reason})")
         return v
 
 
 class MicrobenchConfig(MicrobenchSettings):
     """One microbenchmark job (`modelling.microbench.run_microbench`)."""
 
-    workers: int = Field(ge=1, description="Worker ranks N.")
+    workers: int = Field(ge=1, le=bounds.WORKERS.limit, description="Worker ranks N.")
     servers: int = Field(
-        0, ge=0, validate_default=True, description="Parameter-server shards S (push/pull is measured when S >= 1)."
+        0, ge=0, le=bounds.SERVERS.limit, validate_default=True,
+        description="Parameter-server shards S (push/pull is measured when S >= 1)."
     )
     link_bytes_per_s: float | None = Field(
         None, gt=0, description="The link's known rate, recorded so `fit` can flag impossible fits."

@@ -11,6 +11,7 @@ once with one line per problem, naming the field and the value.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,23 @@ from pipelines.spec import BenchSpec, SpecError
 
 def preflight(spec: BenchSpec, entries: list[dict[str, Any]], home: Path, source: str = "spec") -> None:
     """SpecError listing every problem of `spec` and its grid `entries`; nothing is created."""
-    problems = _jobs(entries, source) + _writable(home)
+    problems = _jobs(entries, source, spec.train_timeout_s) + _writable(home)
     if problems:
-        raise SpecError("\n".join(dict.fromkeys(problems)))
+        raise SpecError("\n".join(_grouped(problems)))
 
 
-def _jobs(entries: list[dict[str, Any]], source: str) -> list[str]:
+def _grouped(problems: list[str]) -> list[str]:
+    """One line per field that fails: the first configuration's, and how many others fail the
+    same way (a spec's `steps` too large fails every configuration of its grid)."""
+    by_field: dict[str, list[str]] = {}
+    for line in dict.fromkeys(problems):
+        field = re.sub(r"grid\[[^\]]*\]\.", "grid[*].", line.split(":", 1)[0])
+        by_field.setdefault(field, []).append(line)
+    return [lines[0] + (f" (and {len(lines) - 1} more configurations)" if len(lines) > 1 else "")
+            for lines in by_field.values()]
+
+
+def _jobs(entries: list[dict[str, Any]], source: str, timeout_s: float) -> list[str]:
     from pipelines.launch import prepare
     from training.config import ConfigError
     from training.gpt_shape import GPT_OPTIONS
@@ -34,7 +46,8 @@ def _jobs(entries: list[dict[str, Any]], source: str) -> list[str]:
         cfg = entry["config"]
         # Repeats and algorithms share model, data and shapes: check each combination once.
         what = tuple(str(cfg.get(k)) for k in ("model", "dataset", "data_root", "input_shape", "num_classes",
-                                                 "workers", "batch_size", "synthetic_samples", *GPT_OPTIONS))
+                                                 "workers", "batch_size", "synthetic_samples", "steps", "epochs",
+                                                 "threads", "device", *GPT_OPTIONS))
         if what in seen:
             continue
         seen.add(what)
@@ -44,20 +57,43 @@ def _jobs(entries: list[dict[str, Any]], source: str) -> list[str]:
         except ConfigError as err:
             problems.append(str(err))
             continue
-        if problem := _batch_fits(checked, where):
+        if problem := _batch_fits(checked, where) or _finishes(checked, where, timeout_s):
             problems.append(problem)
     return problems
 
 
 def _batch_fits(cfg: Any, where: str) -> str | None:
-    from training.datasets import load_dataset
+    from training.datasets import train_samples
     from training.trainer import resolve_input_shape
 
-    train, _ = load_dataset(cfg, resolve_input_shape(cfg))
-    if cfg.workers * cfg.batch_size > len(train):
+    try:
+        samples = train_samples(cfg, resolve_input_shape(cfg))
+    except ValueError as err:
+        return f"{where}.{err}"
+    if cfg.workers * cfg.batch_size > samples:
         return (f"{where}.batch_size: a global batch of {cfg.workers} workers x {cfg.batch_size} = "
-                f"{cfg.workers * cfg.batch_size} exceeds the {len(train)} training samples of {cfg.dataset}")
+                f"{cfg.workers * cfg.batch_size} exceeds the {samples} training samples of {cfg.dataset}")
     return None
+
+
+def _finishes(cfg: Any, where: str, timeout_s: float) -> str | None:
+    """Why a job cannot finish within the spec's timeout, from its steps and the least time a step
+    of its model can take (training/flops.py); None when it may. No profile exists yet at start:
+    the floor is a bound no device exceeds, so only what surely fails is refused."""
+    from training.datasets import train_samples
+    from training.flops import forward_flops, least_step_s
+    from training.text import corpus_vocab
+    from training.trainer import resolve_input_shape, resolve_steps
+
+    shape = resolve_input_shape(cfg)
+    steps = resolve_steps(cfg, train_samples(cfg, shape))
+    step_s = least_step_s(forward_flops(cfg.model, shape, cfg.num_classes or corpus_vocab(cfg.dataset), cfg.batch_size,
+                                        cfg.model_options), cfg.device.value, cfg.threads)
+    if steps * step_s <= timeout_s:
+        return None
+    field = "steps" if cfg.steps is not None else "epochs"
+    return (f"{where}.{field}: {steps:,} steps take at least {steps * step_s:,.0f} s (at least {step_s * 1e3:.3g} ms "
+            f"a step on any {cfg.device.value} device), past train_timeout_s of {timeout_s:,.0f} s")
 
 
 def _writable(home: Path) -> list[str]:

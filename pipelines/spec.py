@@ -15,10 +15,11 @@ import json
 import re
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from infra import bounds
 from modelling.units import parse_rate
 from pipelines.spec_load import SpecError, check_overrides, format_spec_error, load_file, merge_overrides, one_error
 from pipelines.spec_sections import (
@@ -61,11 +62,13 @@ class BenchSpec(Section):
     provider: ProviderSpec = Field(default_factory=ProviderSpec)
     workloads: list[Workload] = Field(min_length=1)
     algorithms: list[AlgorithmSpec] = Field(min_length=1)
-    workers: list[int] = Field(min_length=1, description="World sizes N of the training grid.")
-    servers: int = Field(1, ge=1, le=256, description="Parameter-server shards for comm=ps.")
-    batch_sizes: list[int] = Field([32], min_length=1, description="Per-worker batch sizes.")
-    steps: int | None = Field(None, ge=1, description="Iterations per worker (or give epochs).")
-    epochs: float | None = Field(None, gt=0, description="Epochs per run (or give steps).")
+    workers: list[Annotated[int, Field(le=bounds.WORKERS.limit)]] = Field(
+        min_length=1, description="World sizes N of the training grid.")
+    servers: int = Field(1, ge=1, le=bounds.SERVERS.limit, description="Parameter-server shards for comm=ps.")
+    batch_sizes: list[Annotated[int, Field(le=bounds.BATCH_SIZE.limit)]] = Field(
+        [32], min_length=1, description="Per-worker batch sizes.")
+    steps: int | None = Field(None, ge=1, le=bounds.STEPS.limit, description="Iterations per worker (or give epochs).")
+    epochs: float | None = Field(None, gt=0, le=bounds.EPOCHS.limit, description="Epochs per run (or give steps).")
     repeats: int = Field(
         1, ge=1, le=100, description="Runs per config (seed = repeat index); figures are medians over them."
     )
@@ -79,7 +82,8 @@ class BenchSpec(Section):
     train: dict[str, Any] = Field(
         default_factory=dict, description="TrainConfig options of every run (lr, momentum, eval_every, threads, ...)."
     )
-    train_timeout_s: float = Field(1800.0, gt=0, description="Kill one training job after this long.")
+    train_timeout_s: float = Field(
+        1800.0, gt=0, le=bounds.JOB_TIMEOUT_S.limit, description="Kill one training job after this long.")
     network: NetworkSpec = Field(default_factory=NetworkSpec)
     microbench: MicrobenchSpec = Field(default_factory=MicrobenchSpec)
     profile: ProfileSpec = Field(default_factory=ProfileSpec)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from infra import bounds
 from modelling.configs import MicrobenchSettings, ProfileSettings
 from modelling.units import parse_rate
-from training.config import Algorithm, Comm, default_comm
+from training.config import Algorithm, Comm, InputShape, check_input_shape, default_comm
 from training.gpt_shape import GPT_OPTIONS
 
 if TYPE_CHECKING:
@@ -91,17 +92,21 @@ _OPTION_CODES = {"n_layer": "L", "d_model": "d", "n_head": "h", "seq_len": "T", 
 class Workload(Section):
     model: str = Field(description="Model name (training.models).")
     dataset: str = Field(description="Dataset name (training.datasets).")
-    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W; default: the model's.")
-    num_classes: int | None = Field(None, ge=2, description="Classes; default: the dataset's.")
+    input_shape: InputShape | None = Field(None, description="C,H,W; default: the model's.")
+    num_classes: int | None = Field(None, ge=2, le=bounds.NUM_CLASSES.limit, description="Classes; default: the "
+                                    "dataset's.")
     data_root: Path | None = Field(None, description="Local root of the dataset files.")
-    n_layer: int | None = Field(None, ge=1, description="GPT: transformer blocks (default: the preset's).")
-    d_model: int | None = Field(None, ge=1, description="GPT: model width (default: the preset's).")
-    n_head: int | None = Field(None, ge=1, description="GPT: attention heads (default: the preset's).")
-    seq_len: int | None = Field(None, ge=1, description="GPT: tokens per sequence (default: the preset's context).")
-    vocab_size: int | None = Field(None, ge=2, description="GPT: vocabulary (default: the corpus's).")
+    n_layer: int | None = Field(None, ge=1, le=1024, description="GPT: transformer blocks (default: the preset's).")
+    d_model: int | None = Field(None, ge=1, le=65536, description="GPT: model width (default: the preset's).")
+    n_head: int | None = Field(None, ge=1, le=1024, description="GPT: attention heads (default: the preset's).")
+    seq_len: int | None = Field(
+        None, ge=1, le=bounds.INPUT_DIM.limit, description="GPT: tokens per sequence (default: the preset's context).")
+    vocab_size: int | None = Field(None, ge=2, le=1 << 20, description="GPT: vocabulary (default: the corpus's).")
     target_accuracy: float | None = Field(
         None, gt=0, le=1, description="Accuracy for time-to-accuracy of this workload (default: the spec's).")
     target_loss: float | None = Field(None, gt=0, description="Evaluation loss for time-to-loss (lower is better).")
+
+    _shape = field_validator("input_shape")(check_input_shape)
 
     @model_validator(mode="after")
     def _sequence_shape(self) -> Workload:
@@ -188,15 +193,17 @@ class MicrobenchSpec(MicrobenchSettings):
         "interval input each: one taken in a quiet or busy spell of the host would shift every prediction."
     )
     gap_s: float | None = Field(
-        None, ge=0, description="Computation before each timed operation; default the profiled models' median "
+        None, ge=0, le=10, description="Computation before each timed operation; default the profiled models' median "
         "compute iteration (communication costs more after a longer stretch of computation)."
     )
     max_size_factor: float = Field(
-        4.0, ge=1, description="Without `sizes`: sizes from 4 KiB up to this many times the largest model's "
+        4.0, ge=1, le=bounds.SIZE_FACTOR.limit,
+        description="Without `sizes`: sizes from 4 KiB up to this many times the largest model's "
         "parameter bytes, every factor of 4."
     )
     budget_s: float = Field(
-        120.0, gt=0, description="Without `sizes`: the largest sizes are dropped until the rounds' estimated "
+        120.0, gt=0, le=bounds.BUDGET_S.limit,
+        description="Without `sizes`: the largest sizes are dropped until the rounds' estimated "
         "wire time (at the spec's link rate, else 1 GB/s) fits this budget."
     )
 
@@ -212,8 +219,10 @@ class ProfileSpec(ProfileSettings):
 
 
 class WhatIfSpec(Section):
-    workers: list[int] = Field(default_factory=list, description="Extra world sizes to predict.")
-    link_bandwidths: list[str] = Field(default_factory=list, description="Extra link rates to predict.")
+    workers: list[Annotated[int, Field(le=bounds.PREDICTED_WORKERS.limit)]] = Field(
+        default_factory=list, max_length=bounds.WHAT_IF_ENTRIES.limit, description="Extra world sizes to predict.")
+    link_bandwidths: list[str] = Field(
+        default_factory=list, max_length=bounds.WHAT_IF_ENTRIES.limit, description="Extra link rates to predict.")
 
     @field_validator("workers")
     @classmethod

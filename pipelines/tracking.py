@@ -245,16 +245,23 @@ class Tracker:
 _MASK = "***"
 
 
-# user:password@ of any URL (up to the last '@' of its authority), and password-like
-# query or keyword values (?password=..., sslpassword=..., token=...).
+# The userinfo of any URL (up to the last '@' of its authority): user:password@ keeps the user,
+# a userinfo without a colon may be a token (https://TOKEN@host) and is masked whole.
 _URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^:/@\s]*):[^\s/]*@")
-_SECRET_VALUE = re.compile(r"(?i)\b([a-z_]*(?:password|passwd|pwd|token|secret))=([^&\s;,'\"]+)")
+_URL_TOKEN = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^:/@\s]+@")
+# Values of query or keyword keys named like credentials: password=, sslpassword=, token=, api_key=,
+# sig=, X-Amz-Signature=, X-Amz-Credential=, X-Amz-Security-Token=, access_key=, ...
+_SECRET_VALUE = re.compile(
+    r"(?i)\b([a-z0-9_.-]*(?:password|passwd|pwd|token|secret|api[_-]?key|access[_-]?key|private[_-]?key|"
+    r"signature|sig|credential|credentials|auth))=([^&\s;,'\"]+)"
+)
 
 
 def mask_secrets(text: str) -> str:
-    """`text` with every URL's password and every password-like `key=value` masked: what params,
-    tags, the run directory and logs hold of a tracking or database URI."""
+    """`text` with every URL's userinfo secret and every credential-like `key=value` masked: what
+    params, tags, the run directory and logs hold of a tracking or database URI."""
     text = _URL_CREDENTIALS.sub(lambda m: f"{m[1]}{m[2]}:{_MASK}@", text)
+    text = _URL_TOKEN.sub(lambda m: f"{m[1]}{_MASK}@", text)
     return _SECRET_VALUE.sub(lambda m: f"{m[1]}={_MASK}", text)
 
 
@@ -265,7 +272,7 @@ def mask_uri(uri: str) -> str:
 
 def resolve_uri(stored: str) -> str:
     """The real URI for a masked one: credentials come from the environment only."""
-    if f":{_MASK}@" not in stored:
+    if _MASK not in stored:
         return stored
     real = os.environ.get("MLFLOW_TRACKING_URI", "")
     if mask_uri(real) != stored:

@@ -22,9 +22,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from infra.options import excerpt
+from infra.options import excerpt, one_line
 from pipelines.context import REPO, default_home
-from pipelines.spec_load import SpecError, field_name, one_error
+from pipelines.spec_load import SpecError, check_overrides, field_name, one_error
 
 SPEC_DIRS_ENV = "DDLBENCH_SPEC_DIRS"
 HOME_ROOT_ENV = "DDLBENCH_HOME_ROOT"
@@ -38,6 +38,8 @@ TRIGGER_FIELDS = (
     "workers", "servers", "batch_sizes", "steps", "epochs", "repeats", "target_accuracy", "scaling",
     "train.*", "train_timeout_s", "network.*", "microbench.*", "profile.*", "what_if.*", "regression.*",
     "tracking.system_metrics",
+    # The spec's own provider named again (the onboarding form names it; another is refused at
+    # start by check_trigger_provider), and its sizes and links; where and as whom is the spec's.
     "provider.name", "provider.options.nodes", "provider.options.devices_per_node", "provider.options.gpus_per_node",
     "provider.options.bandwidth", "provider.options.placement", "provider.options.server_nodes",
 )
@@ -82,9 +84,10 @@ def _refusal(field: str) -> str | None:
 
 
 def check_trigger_overrides(overrides: dict[str, Any] | None, source: str = "overrides") -> None:
-    """SpecError naming every deployment-only field the overrides set, one line each."""
+    """SpecError naming every deployment-only field the overrides set, one line each; overrides
+    that are no mapping, or nest past a spec's limits, are refused in one line first."""
     lines = []
-    for key, value in (overrides or {}).items():
+    for key, value in check_overrides(overrides or {}, source).items():
         for field in _leaves(value, str(key).replace("-", "_")):
             if (why := _refusal(field)) is not None:
                 shown = ".".join(field_name(p) if not p.isdigit() else p for p in field.split("."))
@@ -98,22 +101,57 @@ def check_trigger(spec_path: str, home: str | None, overrides: dict[str, Any] | 
     no file (a path outside the spec directories is refused unread)."""
     if not isinstance(spec_path, str) or not spec_path.strip():
         raise SpecError(f"spec_path: expected the path of a spec, got {excerpt(spec_path)}")
-    dirs = spec_dirs()
-    if not _inside(_resolved(spec_path), dirs):
+    _one_line("spec_path", spec_path)
+    # Refusals name the Param, never the deployment's directories: a trigger learns no layout.
+    if not _inside(_resolved(spec_file(spec_path)), spec_dirs()):
         raise SpecError(f"spec_path: {excerpt(spec_path)} is outside the deployment's spec directories "
-                        f"({', '.join(map(str, dirs))}; {SPEC_DIRS_ENV} adds more)")
+                        f"(the operator adds directories with {SPEC_DIRS_ENV})")
     if home is not None:
-        roots = home_roots()
-        if not isinstance(home, str) or not _inside(_resolved(home), roots):
+        if not isinstance(home, str):
+            raise SpecError(f"home: expected a path, got {excerpt(home)}")
+        _one_line("home", home)
+        if (used := home_dir(home)) is not None and not _inside(used, home_roots()):
             raise SpecError(f"home: {excerpt(home)} is outside the deployment's home root "
-                            f"({', '.join(map(str, roots))}; set by {HOME_ROOT_ENV})")
+                            f"(the operator sets it with {HOME_ROOT_ENV})")
     check_trigger_overrides(overrides)
 
 
-def _resolved(path: str) -> Path | None:
+def check_trigger_provider(spec_values: dict[str, Any], overrides: dict[str, Any] | None) -> None:
+    """SpecError when the overrides name another provider than the spec's own: the spec, which the
+    deployment keeps, says where and as whom a run goes. `spec_values`: the spec file as read."""
+    own = spec_values.get("provider") or {}
+    own_name = own.get("name", "local") if isinstance(own, dict) else "local"
+    for key, value in (overrides or {}).items():
+        asked = value if key == "provider.name" else None
+        if key == "provider" and isinstance(value, dict):
+            asked = value.get("name")
+        if asked is not None and asked != own_name:
+            raise SpecError(f"overrides.provider.name: {excerpt(asked)} is not the spec's provider ({own_name}); the "
+                            f"spec says where a run goes: trigger a spec of the deployment that runs on it")
+
+
+def spec_file(spec_path: str) -> Path:
+    """The spec file a path names, as `start` reads it: relative to the working directory, `~`
+    not expanded (a trigger's text is not a shell's)."""
+    return Path(spec_path)
+
+
+def home_dir(home: str | None) -> Path | None:
+    """The home a `home` Param names, as `start` uses it; None (and "") for the default home."""
+    return _resolved(Path(home).expanduser()) if home else None
+
+
+def _one_line(param: str, value: str) -> None:
+    try:
+        one_line(value)
+    except ValueError as err:
+        raise SpecError(f"{param}: {err}") from None
+
+
+def _resolved(path: Path) -> Path | None:
     """The path with symlinks and '..' resolved (no way out of a directory through them); None
     for what is no path (a NUL byte, a loop of links)."""
     try:
-        return Path(path).expanduser().resolve()
+        return path.resolve()
     except (OSError, ValueError, RuntimeError):
         return None

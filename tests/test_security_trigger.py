@@ -43,7 +43,7 @@ def refused(call: Any, *expected: str) -> str:
 def test_spec_paths_outside_the_spec_directories_are_refused_unread(root: Path) -> None:
     home = str(root / "homes" / "a")
     text = refused(lambda: check_trigger("/etc/shadow", home, None), "spec_path: '/etc/shadow' is outside")
-    assert str(REPO / "specs") in text and SPEC_DIRS_ENV in text
+    assert str(REPO / "specs") not in text and SPEC_DIRS_ENV in text  # the field, not the deployment's layout
     for sneaky in (f"{REPO}/specs/../pipelines/spec.py", "specs/smoke.yaml\x00", "", "../../etc/passwd"):
         refused(lambda p=sneaky: check_trigger(p, home, None), "spec_path")
     check_trigger(str(SMOKE), home, None)  # the repository's specs are the deployment's
@@ -64,8 +64,10 @@ def test_a_link_out_of_an_added_spec_directory_is_refused(root: Path, monkeypatc
 
 
 def test_a_home_outside_the_root_is_refused_naming_home(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for home in ("/etc", str(root / "homes" / ".." / "elsewhere"), "/tmp\necho x"):
+    for home in ("/etc", str(root / "homes" / ".." / "elsewhere")):
         refused(lambda h=home: check_trigger(str(SMOKE), h, None), "home: ", "outside the deployment's home root")
+    for home in ("/tmp\necho x", f"{root}/homes/a\u2028b", f"{root}/homes/a\x85b", f"{root}/homes/a\x9bb"):
+        refused(lambda h=home: check_trigger(str(SMOKE), h, None), "home: must not hold control characters")
     check_trigger(str(SMOKE), str(root / "homes" / "nightly"), None)
     check_trigger(str(SMOKE), None, None)  # the default home
     monkeypatch.delenv(HOME_ROOT_ENV)  # unset: only the default home

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from infra import bounds
 from training.gpt_shape import GPT_OPTIONS, GPT_PRESETS, is_gpt
 
 # The choices of the options below: a member's value is its name, so each is named once.
@@ -25,6 +26,17 @@ Device = StrEnum("Device", ["cpu", "cuda"])
 # What makes a learning rate or a momentum valid, for the global optimizer and the local ones alike.
 LearningRate = Annotated[float, Field(gt=0)]
 Momentum = Annotated[float, Field(ge=0, lt=1)]
+# One input sample's C, H and W (a sequence: 1, 1, length), each bounded (infra/bounds.py).
+Dim = Annotated[int, Field(ge=1, le=bounds.INPUT_DIM.limit)]
+InputShape = tuple[Dim, Dim, Dim]
+
+
+def check_input_shape(shape: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+    """A shape whose sample fits the bound on its values (infra/bounds.py)."""
+    if shape is not None and shape[0] * shape[1] * shape[2] > bounds.SAMPLE_ELEMENTS.limit:
+        raise ValueError(f"{shape} holds {shape[0] * shape[1] * shape[2]:,} values a sample, above the bound of "
+                         f"{bounds.SAMPLE_ELEMENTS.limit:,} ({bounds.SAMPLE_ELEMENTS.reason})")
+    return shape
 
 
 class ConfigError(ValueError):
@@ -53,10 +65,12 @@ class TrainConfig(BaseModel):
     )
     data_root: Path | None = Field(None, description="Local root of mnist, cifar10 or imagefolder data.")
     download: bool = Field(False, description="Allow torchvision to download mnist/cifar10 into data_root.")
-    input_shape: tuple[int, int, int] | None = Field(None, description="C,H,W fed to the model (default: natural).")
-    num_classes: int | None = Field(None, ge=2, description="Number of classes; default: the dataset's.")
+    input_shape: InputShape | None = Field(None, description="C,H,W fed to the model (default: natural).")
+    num_classes: int | None = Field(
+        None, ge=2, le=bounds.NUM_CLASSES.limit, description="Number of classes; default: the dataset's.")
     synthetic_samples: int = Field(
-        4096, ge=16, description="Training samples of the synthetic datasets (markov: sequences).")
+        4096, ge=16, le=bounds.SAMPLES.limit,
+        description="Training samples of the synthetic datasets (markov: sequences).")
     n_layer: int | None = Field(None, ge=1, le=1024, description="GPT: transformer blocks (default: the preset's).")
     d_model: int | None = Field(None, ge=1, le=65536, description="GPT: model width (default: the preset's).")
     n_head: int | None = Field(None, ge=1, le=1024, description="GPT: attention heads; must divide d_model.")
@@ -66,11 +80,13 @@ class TrainConfig(BaseModel):
         None, ge=2, le=1 << 20, description="GPT: vocabulary, at least the corpus's token ids (default: the corpus's).")
     algorithm: Algorithm = Field(Algorithm.ssgd, description="Update algorithm: ssgd, asgd or odsgd.")
     comm: Comm | None = Field(None, description="allreduce (ssgd only) or ps; default: allreduce for ssgd, else ps.")
-    workers: int = Field(2, ge=1, le=4096, description="Number of worker processes N.")
-    servers: int = Field(0, ge=0, le=256, description="Parameter-server shards S (comm=ps needs at least 1).")
-    batch_size: int = Field(32, ge=1, description="Per-worker batch size b.")
-    steps: int | None = Field(None, ge=1, description="Training iterations per worker.")
-    epochs: float | None = Field(None, gt=0, description="Epochs over the training split (instead of steps).")
+    workers: int = Field(2, ge=1, le=bounds.WORKERS.limit, description="Number of worker processes N.")
+    servers: int = Field(
+        0, ge=0, le=bounds.SERVERS.limit, description="Parameter-server shards S (comm=ps needs at least 1).")
+    batch_size: int = Field(32, ge=1, le=bounds.BATCH_SIZE.limit, description="Per-worker batch size b.")
+    steps: int | None = Field(None, ge=1, le=bounds.STEPS.limit, description="Training iterations per worker.")
+    epochs: float | None = Field(
+        None, gt=0, le=bounds.EPOCHS.limit, description="Epochs over the training split (instead of steps).")
     lr: LearningRate = Field(0.05, description="Learning rate of the global optimizer.")
     momentum: Momentum = Field(0.9, description="Momentum of the global optimizer.")
     weight_decay: float = Field(0.0, ge=0, description="Weight decay of the global optimizer.")
@@ -101,23 +117,28 @@ class TrainConfig(BaseModel):
         Compensation.none,
         description="OD-SGD local-update compensation: none, or dc (DC-ASGD's g + lambda*g*g*(W_g - W_k)).")
     dc_lambda: float = Field(0.04, ge=0, description="Delay-compensation strength lambda (DC-ASGD's 0.04).")
-    bucket_mb: float = Field(25.0, gt=0, description="DDP bucket size in MB (ssgd allreduce, overlap on).")
+    bucket_mb: float = Field(
+        25.0, gt=0, le=bounds.BUCKET_MB.limit, description="DDP bucket size in MB (ssgd allreduce, overlap on).")
     overlap: bool = Field(True, description="ssgd allreduce: overlap bucketed allreduce with backward (DDP).")
-    seed: int = Field(0, description="Seed of model init, data order and synthetic data.")
+    seed: int = Field(0, ge=0, le=bounds.SEED.limit, description="Seed of model init, data order and synthetic data.")
     device: Device = Field(Device.cpu, description="cpu (gloo) or cuda (NCCL allreduce, pinned-host PS).")
-    measure_warmup: int = Field(2, ge=0, description="Iterations excluded from timing figures.")
-    eval_every: int = Field(0, ge=0, description="Evaluate every K steps (0: only at the end).")
+    measure_warmup: int = Field(2, ge=0, le=bounds.STEPS.limit, description="Iterations excluded from timing figures.")
+    eval_every: int = Field(0, ge=0, le=bounds.STEPS.limit, description="Evaluate every K steps (0: only at the end).")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="Accuracy for time_to_accuracy_s.")
     target_loss: float | None = Field(None, gt=0, description="Evaluation loss (lower is better) for time_to_loss_s.")
     peak_flops: float | None = Field(
         None, gt=0,
         description="Peak FLOP/s of one worker's device for MFU (default: measured by a GEMM microbenchmark).")
-    threads: int = Field(1, ge=1, description="torch threads per process.")
-    timeout_s: float = Field(45.0, gt=0, description="Timeout of every blocking collective or point-to-point op.")
+    threads: int = Field(1, ge=1, le=bounds.THREADS.limit, description="torch threads per process.")
+    timeout_s: float = Field(
+        45.0, gt=0, le=bounds.OP_TIMEOUT_S.limit,
+        description="Timeout of every blocking collective or point-to-point op.")
     link_bandwidth: str | None = Field(None, description="Known link rate recorded with results (e.g. 1gbit).")
     save_params: bool = Field(False, description="Write the final parameters to params.pt (for checks).")
-    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every K steps (0: never); a rerun resumes.")
-    keep_checkpoints: int = Field(2, ge=1, description="Complete checkpoints kept on disk.")
+    checkpoint_every: int = Field(
+        0, ge=0, le=bounds.STEPS.limit, description="Checkpoint every K steps (0: never); a rerun resumes.")
+    keep_checkpoints: int = Field(
+        2, ge=1, le=bounds.CHECKPOINTS_KEPT.limit, description="Complete checkpoints kept on disk.")
     max_restarts: int = Field(0, ge=0, le=100, description="torchrun restarts of a failed job (resumes).")
     inject_delay_ms: float = Field(
         0.0, ge=0, le=60000, description="Slow every iteration by this long (tests the regression alarm)."
@@ -126,6 +147,8 @@ class TrainConfig(BaseModel):
         False, description="Spend inject_delay_ms as CPU work of the rank (a slower kernel, as a code regression "
         "is) instead of a sleep, which frees the core to the other ranks.",
     )
+
+    _shape = field_validator("input_shape")(check_input_shape)
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from infra import bounds
 from training.gpt_shape import GPT_PRESETS, is_gpt
 from training.text import TEXT_DATASETS, TokenSource, load_text
 
@@ -257,9 +258,41 @@ def native_shape(name: str) -> Shape:
     return _NATIVE_SHAPE[name]
 
 
+def generated_bytes(cfg, shape: Shape) -> int:
+    """Bytes a generated data set holds in memory at `shape` (0 for data read from files or
+    drawn on demand): what `synthetic_samples` costs every rank."""
+    values = shape[0] * shape[1] * shape[2]
+    if cfg.dataset == "synthetic":
+        return (cfg.synthetic_samples + max(cfg.synthetic_samples // 8, 16)) * values * 4
+    if cfg.dataset == "synthetic-learnable":
+        return _LEARNABLE_TEST_SAMPLES * values * 4
+    if cfg.dataset == "markov":
+        return (cfg.synthetic_samples + 1024) * (shape[2] + 1) * 8  # its test split: at most 1024 sequences
+    return 0
+
+
+def check_generated_size(cfg, shape: Shape) -> None:
+    """ValueError naming the field when a generated data set would not fit its bound."""
+    held, most = generated_bytes(cfg, shape), bounds.data_bytes()
+    if held > most.limit:
+        field = "input_shape" if cfg.dataset == "synthetic-learnable" else "synthetic_samples"
+        raise ValueError(f"{field}: {cfg.synthetic_samples:,} samples of {cfg.dataset} at shape {tuple(shape)} "
+                         f"take {held / 2**30:,.1f} GiB, above the bound of {most.limit / 2**30:,.1f} GiB "
+                         f"({most.reason})")
+
+
+def train_samples(cfg, shape: Shape) -> int:
+    """Samples of the training split, without generating a generated data set."""
+    if cfg.dataset in ("synthetic", "synthetic-learnable", "markov"):
+        check_generated_size(cfg, shape)
+        return cfg.synthetic_samples
+    return len(load_dataset(cfg, shape)[0])
+
+
 def load_dataset(cfg, shape: Shape):
     """(train, test) sources for `cfg.dataset`, adapted to `shape`."""
     native_shape(cfg.dataset)
+    check_generated_size(cfg, shape)
     train, test, _ = DATASETS[cfg.dataset](cfg, shape)
     return train, test
 

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from infra import ProviderError
+from infra.options import excerpt
 from pipelines.context import REPO, RunContext, RunDir, default_home, default_tracking_uri, load_context
 from pipelines.journal import now_ms
 from pipelines.preflight import preflight
 from pipelines.spec import BenchSpec, SpecError, flatten, grid, load_spec
+from pipelines.spec_load import load_file
 from pipelines.stages.runner import cluster, cluster_handle, provider, run_once, run_tags, tracker, write_json
 from pipelines.tracking import PARENT, Tracker, mask_uri
-from pipelines.trigger import check_trigger
+from pipelines.trigger import check_trigger, check_trigger_provider, spec_file
+from pipelines.trigger import home_dir as trigger_home
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -78,8 +81,11 @@ def start(
     keeps to what a trigger may choose (pipelines/trigger.py), before any file is read."""
     if airflow is not None:
         check_trigger(spec_path, home, overrides)
-    spec = load_spec(spec_path, overrides)
-    home_dir = Path(home).expanduser().resolve() if home else default_home().resolve()
+        check_trigger_provider(load_file(spec_file(spec_path), BenchSpec.model_fields), overrides)
+    spec = load_spec(spec_file(spec_path), overrides)
+    home_dir = trigger_home(home) if home else default_home().resolve()
+    if home_dir is None:
+        raise SpecError(f"home: {excerpt(home)} is not a path")
     entries = grid(spec)
     preflight(spec, entries, home_dir, Path(spec_path).name)  # before any run directory or MLflow run exists
     spec_hash = spec.spec_hash()
