@@ -34,6 +34,8 @@ def main() -> None:
         ("SIGKILL PS shard (odsgd)", {"model": "lenet5", "algorithm": "odsgd", "servers": 1}, 2, signal.SIGKILL),
         ("SIGSTOP worker 1, default timeout_s (ssgd ps)",
          {"model": "lenet5", "algorithm": "ssgd", "comm": "ps", "servers": 1}, 1, signal.SIGSTOP),
+        ("SIGSTOP worker 1, default timeout_s (asgd)", {"model": "mlp", "algorithm": "asgd", "servers": 1}, 1,
+         signal.SIGSTOP),
     ]
     with tempfile.TemporaryDirectory() as d:
         for i, (name, opts, rank, sig) in enumerate(cases):

@@ -26,7 +26,8 @@ class OutputError(RuntimeError):
 
 class JobFailed(RuntimeError):
     """A job that failed; `lead`, when known, is the first line: which rank stopped making
-    progress and which ranks timed out waiting for it (training/heartbeat.py)."""
+    progress and which ranks timed out waiting for it (training/heartbeat.py): the rank that
+    ended the job while it ran, or the one the ranks' last beats show behind the rest."""
 
     def __init__(self, result: JobResult, lead: str | None = None) -> None:
         super().__init__("\n".join(filter(None, [lead, result.describe_failure()])))
@@ -102,7 +103,9 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
     placement = provider.place_job(job).as_dict()
     (out / "placement.json").write_text(json.dumps(placement, indent=2))
     probe = CpuProbe() if provider.measures_host_load else None
-    result = provider.run(job, echo=echo)
+    # A rank that stops beating ends the job, whether or not a peer waits for it (ASGD's don't).
+    with heartbeat.Watch(out, cfg.timeout_s, on_stall=job.cancel.set) as watch:
+        result = provider.run(job, echo=echo)
     summary_path = out / "summary.json"
     if (out / DIVERGED).exists():
         summary = {"status": "diverged", **json.loads((out / DIVERGED).read_text()),
@@ -115,7 +118,7 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
         result.causes = [raised[r] for r in sorted(raised)]
         if _filled(out, raised):  # a rank that could not write its outputs
             raise OSError(errno.ENOSPC, "No space left on device", str(out))
-        stopped = heartbeat.stalled(heartbeat.read(out), cfg.timeout_s)
+        stopped = watch.stopped or heartbeat.stalled(watch.beats(), cfg.timeout_s)
         raise JobFailed(result, heartbeat.describe_stall(stopped, raised) if stopped else None)
     summary = json.loads(summary_path.read_text())
     summary["placement"] = placement  # where the ranks ran (DESIGN §4: every result carries it)

@@ -370,6 +370,20 @@ def test_a_job_past_its_timeout_is_deleted(api_server, tmp_path):
     assert api_server.objects == {}
 
 
+@pytest.mark.parametrize("api_server", [("hang", 2)], indirect=True)
+def test_a_cancelled_job_is_deleted(api_server, tmp_path):
+    """The launcher's cancel (it saw a rank stop beating) ends the job as its timeout does."""
+    provider = get_provider("kubernetes", **provider_options(api_server=api_server.url, poll_s=0.05))
+    job = Job(module="training.run", args=[str(tmp_path)], world_size=8, log_path=tmp_path / "launcher.log",
+              timeout_s=60)
+    with provider:
+        threading.Timer(0.5, job.cancel.set).start()
+        result = provider.run(job, echo=False)
+    assert result.cancelled and result.returncode == 1 and not result.timed_out
+    assert 0.5 <= result.duration_s < 5
+    assert api_server.objects == {}
+
+
 @pytest.mark.parametrize("api_server", [("deadline", 2)], indirect=True)
 def test_the_active_deadline_counts_as_a_timeout(api_server, tmp_path):
     _, result = run_through(api_server, tmp_path)

@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -203,6 +204,24 @@ def test_a_job_past_its_timeout_is_cancelled_and_leaves_no_process(tmp_path):
     assert time.monotonic() - start < 4 + 30
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
     assert not left
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_cancelled_job_is_scancelled_and_leaves_no_process(tmp_path):
+    """The launcher's cancel (it saw a rank stop beating) ends the job as its timeout does."""
+    marker = f"time.sleep(600.{time.time_ns() % 10**6})"
+    job = Job(module="timeit", args=["-n", "1", "-r", "1", "-s", "import time", marker], world_size=1,
+              log_path=tmp_path / "launcher.log", timeout_s=120)
+    start = time.monotonic()
+    with SlurmProvider() as provider:
+        threading.Timer(4, job.cancel.set).start()
+        result = provider.run(job, echo=False)
+        state, _ = provider.final_state(provider.last_job_id)
+    assert result.cancelled and not result.ok and not result.timed_out
+    assert state == "CANCELLED"
+    assert time.monotonic() - start < 4 + 30
+    assert not subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ class Timeline:
         self.records: list[dict[str, Any]] = []
         self._current: dict[str, Any] | None = None
         self.current = "start-up"  # what the rank is doing, for failure messages
+        self.paused = False  # in a pause of training (an evaluation): see `pause`
         self.on_begin: Callable[[int], None] | None = None  # the rank's heartbeat (training/heartbeat.py)
 
     @property
@@ -62,6 +63,18 @@ class Timeline:
         start = self.now()
         yield
         self.mark(name, start, self.now())
+
+    @contextmanager
+    def pause(self, what: str) -> Iterator[None]:
+        """Time out of training between steps (an evaluation): the heartbeat says so as it
+        begins, so that a launcher does not take a rank whose beats it holds up for stopped."""
+        self.current, self.paused = what, True
+        if self.on_begin is not None:
+            self.on_begin(self.step)
+        try:
+            yield
+        finally:
+            self.paused = False
 
     def end(self) -> dict[str, Any]:
         assert self._current is not None, "end() outside an iteration"

@@ -187,7 +187,8 @@ class Trainer:
                     last_end = rec["end"]
                     if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < steps:
                         e0 = tl.now()
-                        row["accuracy"], row["test_loss"] = evaluate(self.net, self.test_set, self.device)
+                        with tl.pause(f"evaluation after step {t}"):
+                            row["accuracy"], row["test_loss"] = evaluate(self.net, self.test_set, self.device)
                         self._note_target(row["accuracy"], row["test_loss"], row["time_s"], t + 1)
                         e1 = tl.now()
                         rec["eval"] = [e0, e1]  # not training: the paces leave it out
@@ -201,7 +202,8 @@ class Trainer:
             result: dict[str, Any] = {"train_time_s": train_time}
             if lead:
                 self.layer_timer.write(self.out, tl.records, cfg.model, cfg.batch_size)
-                acc, test_loss = evaluate(self.net, self.test_set, self.device)
+                with tl.pause("the final evaluation"):
+                    acc, test_loss = evaluate(self.net, self.test_set, self.device)
                 self._note_target(acc, test_loss, train_time, steps)
                 metrics.write(json.dumps({"step": steps, "accuracy": acc, "test_loss": test_loss,
                                           "time_s": train_time}) + "\n")
