@@ -11,34 +11,23 @@ once with one line per problem, naming the field and the value.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from pipelines.spec import BenchSpec, SpecError
+from pipelines.spec_load import by_field
 
 
 def preflight(spec: BenchSpec, entries: list[dict[str, Any]], home: Path, source: str = "spec") -> None:
     """SpecError listing every problem of `spec` and its grid `entries`; nothing is created."""
     problems = _jobs(entries, source, spec.train_timeout_s) + _writable(home)
     if problems:
-        raise SpecError("\n".join(_grouped(problems)))
-
-
-def _grouped(problems: list[str]) -> list[str]:
-    """One line per field that fails: the first configuration's, and how many others fail the
-    same way (a spec's `steps` too large fails every configuration of its grid)."""
-    by_field: dict[str, list[str]] = {}
-    for line in dict.fromkeys(problems):
-        field = re.sub(r"grid\[[^\]]*\]\.", "grid[*].", line.split(":", 1)[0])
-        by_field.setdefault(field, []).append(line)
-    return [lines[0] + (f" (and {len(lines) - 1} more configurations)" if len(lines) > 1 else "")
-            for lines in by_field.values()]
+        raise SpecError("\n".join(by_field(problems)))
 
 
 def _jobs(entries: list[dict[str, Any]], source: str, timeout_s: float) -> list[str]:
     from pipelines.launch import prepare
-    from training.config import ConfigError
+    from training.config import ConfigError, build_config
     from training.gpt_shape import GPT_OPTIONS
 
     problems, seen = [], set()
@@ -53,6 +42,7 @@ def _jobs(entries: list[dict[str, Any]], source: str, timeout_s: float) -> list[
         seen.add(what)
         where = f"{source}.grid[{entry['key']}]"
         try:
+            _generated_fits(build_config(cfg, where), where)  # arithmetic first: a refusal builds no model
             checked = prepare(cfg, source=where)
         except ConfigError as err:
             problems.append(str(err))
@@ -60,6 +50,17 @@ def _jobs(entries: list[dict[str, Any]], source: str, timeout_s: float) -> list[
         if problem := _batch_fits(checked, where) or _finishes(checked, where, timeout_s):
             problems.append(problem)
     return problems
+
+
+def _generated_fits(cfg: Any, where: str) -> None:
+    from training.config import ConfigError
+    from training.datasets import check_generated_size
+    from training.trainer import resolve_input_shape
+
+    try:
+        check_generated_size(cfg, resolve_input_shape(cfg))
+    except ValueError as err:
+        raise ConfigError(f"{where}.{err}") from None
 
 
 def _batch_fits(cfg: Any, where: str) -> str | None:

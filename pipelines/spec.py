@@ -21,7 +21,15 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra import bounds
 from modelling.units import parse_rate
-from pipelines.spec_load import SpecError, check_overrides, format_spec_error, load_file, merge_overrides, one_error
+from pipelines.spec_load import (
+    SpecError,
+    by_field,
+    check_overrides,
+    format_spec_error,
+    load_file,
+    merge_overrides,
+    one_error,
+)
 from pipelines.spec_sections import (
     GRID_FIELDS,
     AlgorithmSpec,
@@ -258,7 +266,7 @@ def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
     from pipelines.spec_placement import placement_problems
 
     if problems := placement_problems(spec, entries, source):
-        raise SpecError(one_error(problems))
+        raise SpecError(one_error(by_field(problems, "jobs")))
     return spec
 
 

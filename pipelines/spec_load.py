@@ -54,6 +54,16 @@ def one_error(lines: Iterable[str]) -> str:
     return "\n".join(shown)
 
 
+def by_field(lines: Iterable[str], what: str = "configurations") -> list[str]:
+    """One line per field that fails: the first line naming it, and how many more `what` fail
+    the same way (a spec's `steps` too large fails every configuration of its grid)."""
+    fields: dict[str, list[str]] = {}
+    for line in dict.fromkeys(lines):
+        field = re.sub(r"(\.\d+)+$", "", re.sub(r"grid\[[^\]]*\]\.", "grid[*].", line.split(":", 1)[0]))
+        fields.setdefault(field, []).append(line)
+    return [same[0] + (f" (and {len(same) - 1} more {what})" if len(same) > 1 else "") for same in fields.values()]
+
+
 def format_spec_error(err: ValidationError, source: str) -> str:
     """pydantic's errors as `source.field: problem (got excerpt)` lines; an unknown field is named
     only when its name looks like one."""
@@ -69,8 +79,11 @@ def format_spec_error(err: ValidationError, source: str) -> str:
             if len(whole) > EXCERPT_CHARS and whole in msg:
                 msg = msg.replace(whole, excerpt(got))
         shown = "" if isinstance(got, dict) or e["type"] == "value_error" else f" (got {excerpt(got)})"
+        # A section's own check names its field first ("options.nodes: ..."): one dotted name.
+        if e["loc"] and e["type"] == "value_error" and (sub := re.match(r"([a-z_][a-z0-9_.]*): ", msg)):
+            loc, msg = f"{loc}.{sub[1]}", msg[sub.end():]
         lines.append(f"{source}.{loc}: {msg}{shown}")
-    return one_error(lines)
+    return one_error(by_field(lines, "values"))
 
 
 class _BoundedLoader(yaml.SafeLoader):

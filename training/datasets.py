@@ -8,7 +8,9 @@ at batch b see exactly what one process at batch N*b sees.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -159,12 +161,25 @@ def _learnable(cfg, shape: Shape) -> tuple[LearnableSource, LearnableSource, Sha
     )
 
 
-def _digits(cfg, shape: Shape) -> tuple[TensorSource, TensorSource, Shape]:
-    from sklearn.datasets import load_digits
+@cache
+def _digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's digits (its `load_digits`), read from the file it ships: importing
+    scikit-learn takes seconds of every rank's start and of every preflight."""
+    import gzip
 
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(d.target)
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("dataset: digits needs scikit-learn, which ships it; install scikit-learn")
+    with gzip.open(Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return torch.tensor(data[:, :-1], dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(data[:, -1]).long()
+
+
+def _digits(cfg, shape: Shape) -> tuple[TensorSource, TensorSource, Shape]:
+    images, y = _digits_arrays()
+    x = images / 16.0
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(_DIGITS_SPLIT_SEED))
     n_test = int(len(y) * _DIGITS_TEST_FRACTION)
     test, train = order[:n_test], order[n_test:]
@@ -276,7 +291,7 @@ def check_generated_size(cfg, shape: Shape) -> None:
     held, most = generated_bytes(cfg, shape), bounds.data_bytes()
     if held > most.limit:
         field = "input_shape" if cfg.dataset == "synthetic-learnable" else "synthetic_samples"
-        raise ValueError(f"{field}: {cfg.synthetic_samples:,} samples of {cfg.dataset} at shape {tuple(shape)} "
+        raise ValueError(f"{field}: {cfg.synthetic_samples:,} samples of {cfg.dataset} at input_shape {tuple(shape)} "
                          f"take {held / 2**30:,.1f} GiB, above the bound of {most.limit / 2**30:,.1f} GiB "
                          f"({most.reason})")
 

@@ -68,17 +68,13 @@ def _new_run(
     )
 
 
-def start(
-    spec_path: str,
-    *,
-    run_key: str | None = None,
-    home: str | None = None,
-    overrides: dict | None = None,
-    airflow: dict | None = None,
-) -> RunContext:
-    """Validate the spec (+ overrides) and check every job of it (pipelines/preflight.py), make
-    the run dir, open or find the parent MLflow run. A run from Airflow (`airflow` given) first
-    keeps to what a trigger may choose (pipelines/trigger.py), before any file is read."""
+def plan(
+    spec_path: str, *, home: str | None = None, overrides: dict | None = None, airflow: dict | None = None
+) -> tuple[BenchSpec, list[dict[str, Any]], Path]:
+    """What `start` checks before it creates anything: the spec (+ overrides), its grid and every
+    job of it (pipelines/preflight.py); a run from Airflow (`airflow` given) first keeps to what a
+    trigger may choose (pipelines/trigger.py), before any file is read. SpecError naming the field;
+    nothing is written, no process starts and nothing is allocated past the bounds (infra/bounds.py)."""
     if airflow is not None:
         check_trigger(spec_path, home, overrides)
         check_trigger_provider(load_file(spec_file(spec_path), BenchSpec.model_fields), overrides)
@@ -87,7 +83,21 @@ def start(
     if home_dir is None:
         raise SpecError(f"home: {excerpt(home)} is not a path")
     entries = grid(spec)
-    preflight(spec, entries, home_dir, Path(spec_path).name)  # before any run directory or MLflow run exists
+    preflight(spec, entries, home_dir, Path(spec_path).name)
+    return spec, entries, home_dir
+
+
+def start(
+    spec_path: str,
+    *,
+    run_key: str | None = None,
+    home: str | None = None,
+    overrides: dict | None = None,
+    airflow: dict | None = None,
+) -> RunContext:
+    """Validate the spec (+ overrides) and check every job of it (`plan`), make the run dir, open
+    or find the parent MLflow run."""
+    spec, entries, home_dir = plan(spec_path, home=home, overrides=overrides, airflow=airflow)
     spec_hash = spec.spec_hash()
     run_dir = RunDir(home_dir / "runs" / _run_key(spec, run_key))
     if run_dir.ctx.exists():
