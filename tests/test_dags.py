@@ -571,11 +571,21 @@ NIGHTLY_CPU = REPO / "specs" / "nightly-cpu.yaml"
 JOB_KINDS = ("microbench", "profile", "train")
 
 
+def netns_nightly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """nightly-cpu with the netns provider, in a spec directory of the deployment: the provider is
+    the spec's, never a trigger's (docs/security.md)."""
+    specs = tmp_path / "deployment-specs"
+    specs.mkdir()
+    spec = specs / "nightly-netns.yaml"
+    spec.write_text(NIGHTLY_CPU.read_text().replace("provider:\n  name: local", "provider:\n  name: netns"))
+    monkeypatch.setenv("DDLBENCH_SPEC_DIRS", str(specs))
+    return spec
+
+
 def netns_overrides(nodes: int, **more: Any) -> dict[str, Any]:
     """nightly-cpu on a netns cluster, small: mlp at 2 workers, every algorithm, a few steps, one
     repeat, the microbenchmark and the profile at their least."""
     return {
-        "provider.name": "netns",
         "provider.options": {"nodes": nodes, "bandwidth": "1gbit"},
         "network.link_bandwidth": "1gbit",
         "workloads": [{"model": "mlp", "dataset": "digits"}],
@@ -647,14 +657,14 @@ def _assert_released(handle: dict[str, Any]) -> None:
 @pytest.mark.netns
 @needs_root
 @pytest.mark.timeout(900)
-def test_nightly_on_a_netns_cluster_provisions_once_and_runs_every_algorithm(airflow_home: Path,
-                                                                            tmp_path: Path) -> None:
+def test_nightly_on_a_netns_cluster_provisions_once_and_runs_every_algorithm(
+        airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pipelines.spec import grid, load_spec
 
-    overrides = netns_overrides(2)
+    overrides, spec = netns_overrides(2), netns_nightly(tmp_path, monkeypatch)
     with ClusterWatch(tmp_path) as watch:
         dag_run, tis = _run_dag(airflow_home, "ddlbench_nightly",
-                                {"spec_path": str(NIGHTLY_CPU), "home": str(tmp_path), "overrides": overrides})
+                                {"spec_path": str(spec), "home": str(tmp_path), "overrides": overrides})
     states = {(t["task_id"], t["name"]): t["state"] for t in tis}
     assert str(dag_run.state) == "success", states
     ctx = _ctx_of(tmp_path)
@@ -669,7 +679,7 @@ def test_nightly_on_a_netns_cluster_provisions_once_and_runs_every_algorithm(air
     assert not {n for n in watch.existed if n.startswith(f"ddlb-{os.getpid()}-")}
     _assert_released(handle)
 
-    keys = [e["key"] for e in grid(load_spec(NIGHTLY_CPU, overrides))]
+    keys = [e["key"] for e in grid(load_spec(spec, overrides))]
     assert len(keys) == 5  # ssgd over allreduce and ps, asgd, odsgd with and without compensation
     runs = _runs(ctx)
     trained = {r.data.tags["ddlbench.config_key"]: r for r in runs if "ddlbench.config_key" in r.data.tags}
@@ -685,8 +695,8 @@ def test_nightly_on_a_netns_cluster_provisions_once_and_runs_every_algorithm(air
 @pytest.mark.netns
 @needs_root
 @pytest.mark.timeout(600)
-def test_nightly_on_a_netns_cluster_tears_it_down_after_a_failed_train_task(airflow_home: Path,
-                                                                           tmp_path: Path) -> None:
+def test_nightly_on_a_netns_cluster_tears_it_down_after_a_failed_train_task(
+        airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A training task killed by its execution_timeout fails; teardown still releases the cluster."""
     overrides = netns_overrides(2, algorithms=[{"name": "ssgd", "comm": "allreduce",
                                                 "options": {"inject_delay_ms": 60000}}])
@@ -698,7 +708,8 @@ def test_nightly_on_a_netns_cluster_tears_it_down_after_a_failed_train_task(airf
 
     with ClusterWatch(tmp_path) as watch:
         dag_run, tis = _run_dag(airflow_home, "ddlbench_nightly",
-                                {"spec_path": str(NIGHTLY_CPU), "home": str(tmp_path), "overrides": overrides},
+                                {"spec_path": str(netns_nightly(tmp_path, monkeypatch)), "home": str(tmp_path),
+                                 "overrides": overrides},
                                 change=short_timeout, mark_success_pattern="microbench|profile|fit|predict")
     states = {t["task_id"]: t["state"] for t in tis}
     assert states["provision"] == "success" and states["train"] == "failed", states

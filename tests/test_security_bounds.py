@@ -182,3 +182,14 @@ def test_every_numeric_field_at_every_power_of_ten_plans_within_its_bound_or_is_
 def test_the_bounds_follow_the_machine_where_they_can() -> None:
     assert bounds.ranks_per_host().limit == max(2, bounds.memory_bytes() // bounds.RANK_RESIDENT_BYTES)
     assert bounds.data_bytes().limit == bounds.memory_bytes() // 8
+
+
+def test_the_docs_bounds_table_is_the_codes() -> None:
+    doc = (REPO / "docs" / "security.md").read_text()
+    table = doc.split("<!-- bounds -->")[1].split("<!-- /bounds -->")[0]
+    rows = {cells[0].strip("` "): (cells[1].strip(), cells[2].strip())
+            for line in table.splitlines() if line.startswith("| `") and (cells := line.strip("|").split("|"))}
+    code = {name: b for name in dir(bounds) if isinstance(b := getattr(bounds, name), bounds.Bound)}
+    assert set(rows) == set(code)
+    for name, b in code.items():
+        assert rows[name] == (f"{b.limit:,.0f}", b.reason), name

@@ -55,6 +55,36 @@ def test_keyword_passwords_and_tokens_are_masked() -> None:
         assert mask_secrets(text) == expected
 
 
+CREDENTIAL_KEYS = ["api_key", "apikey", "access_key", "X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Token",
+                   "sig", "signature", "auth", "private_key", "client_secret", "token", "password"]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(key=st.sampled_from(CREDENTIAL_KEYS), value=st.text(alphabet="abcdefXYZ0123456789%+/=-_.~", min_size=1,
+                                                          max_size=40),
+       place=st.sampled_from(["?{}", "?a=1&{}", "?a=1;{}", " {}"]))
+def test_every_credential_named_query_key_is_masked(key: str, value: str, place: str) -> None:
+    secret = "S" + value.replace("=", "")
+    text = "https://bucket.example/obj" + place.format(f"{key}={secret}") + "&b=2"
+    masked = mask_secrets(text)
+    assert secret not in masked and f"{key}=***" in masked, masked
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(token=st.text(alphabet=st.characters(blacklist_categories=["Cs", "Cc", "Zs", "Zl", "Zp"],
+                                            blacklist_characters="/@#?:"), min_size=1, max_size=40),
+       scheme=st.sampled_from(["http", "https", "postgresql", "git+https"]))
+def test_a_userinfo_without_a_password_is_masked_whole(token: str, scheme: str) -> None:
+    """https://TOKEN@host: a userinfo without a colon may be a token; it is masked, host kept."""
+    masked = mask_uri(f"{scheme}://T{token}@db.example:5000/x")
+    assert masked == f"{scheme}://***@db.example:5000/x"
+
+
+def test_words_that_only_look_like_credentials_are_kept() -> None:
+    for text in ("author=me design=3 config=x", "http://127.0.0.1:5000", "file:///tmp/mlflow.db"):
+        assert mask_secrets(text) == text
+
+
 def test_a_spec_holding_a_password_is_refused_naming_the_field() -> None:
     with pytest.raises(SpecError) as err:
         load_spec(SMOKE, {"provider": {"name": "kubernetes",

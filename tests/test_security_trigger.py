@@ -4,6 +4,7 @@ at `start` with one line naming the Param or field, before any file is read or w
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -168,12 +169,38 @@ def test_a_refused_trigger_ends_at_start_with_nothing_written(root: Path) -> Non
         (str(SMOKE), str(root / "outside"), None, "home: "),
         (str(SMOKE), str(home), {"provider.options.partition": "debug\necho PWNED > /tmp/pwned"},
          "overrides.provider.options.partition"),
+        # the provider is the spec's: a local spec does not become a SLURM or Kubernetes run
+        (str(SMOKE), str(home), {"provider.name": "slurm"}, "overrides.provider.name: 'slurm' is not the spec's"),
+        (str(SMOKE), str(home), {"provider": {"name": "kubernetes", "options": {"nodes": 2}}},
+         "overrides.provider.name: 'kubernetes' is not the spec's"),
     ]
     for spec_path, h, overrides, expected in cases:
         text = refused(lambda s=spec_path, h=h, o=overrides: steps.start(s, run_key="k", home=h, overrides=o,
                                                                           airflow=AIRFLOW), expected)
         assert "root:" not in text
     assert not home.exists() and not (root / "outside").exists()  # no run directory, no MLflow store
+
+
+def test_paths_are_checked_as_start_uses_them(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`~` is not expanded in a spec path (start reads it as it is), so ~/specs/... is refused even
+    where it would expand into the spec directories; an empty home is the default home, as start
+    uses it."""
+    from pipelines.stages.lifecycle import plan
+    from pipelines.trigger import home_dir
+
+    monkeypatch.setenv("HOME", str(REPO))
+    refused(lambda: check_trigger("~/specs/smoke.yaml", None, None), "spec_path: '~/specs/smoke.yaml' is outside")
+    monkeypatch.setenv("DDLBENCH_HOME", str(root / "default"))
+    check_trigger(str(SMOKE), "", None)
+    assert home_dir("") is None
+    assert plan(str(SMOKE), home="", airflow=AIRFLOW)[2] == (root / "default").resolve()
+
+
+def test_the_allowed_fields_are_the_docs_table() -> None:
+    """docs/security.md lists what a trigger may set: the same list as the code's."""
+    doc = (REPO / "docs" / "security.md").read_text()
+    listed = doc.split("<!-- trigger-fields -->")[1].split("<!-- /trigger-fields -->")[0]
+    assert sorted(re.findall(r"`([^`]+)`", listed)) == sorted(TRIGGER_FIELDS)
 
 
 def test_the_cli_owner_still_reads_any_path(root: Path) -> None:
