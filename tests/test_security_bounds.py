@@ -192,4 +192,4 @@ def test_the_docs_bounds_table_is_the_codes() -> None:
     code = {name: b for name in dir(bounds) if isinstance(b := getattr(bounds, name), bounds.Bound)}
     assert set(rows) == set(code)
     for name, b in code.items():
-        assert rows[name] == (f"{b.limit:,.0f}", b.reason), name
+        assert rows[name] == (f"{b.limit:,}" if isinstance(b.limit, int) else f"{b.limit:,.0f}", b.reason), name
