@@ -7,7 +7,8 @@ is downloaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import cache
 
 import torch
@@ -153,30 +154,113 @@ def example_input(name: str, input_shape: tuple[int, int, int], batch: int) -> t
     return torch.zeros(batch, *input_shape)
 
 
+# A real build decides only where the meta device cannot, and only this many bytes of weights
+# (fp32: 256M parameters); a bigger model is let through, its run's own error naming a problem.
+REAL_CHECK_MAX_WEIGHT_BYTES = 1 << 30
+# A refusal quotes torch's reason on one line, cut to this many characters.
+_REASON_CHARS = 200
+
+
 def check_model_trains(name: str, input_shape: tuple[int, int, int], num_classes: int, batch_size: int,
                        options: Mapping[str, int | None] | None = None) -> None:
-    """Build `name` on the meta device and run a training-mode forward at the run's
-    per-worker batch: what cannot train is refused before launch, naming the field, and
-    nothing that trains is (batch norm after global pooling needs 2 samples, not 1)."""
+    """Refuse, in one line naming the field, what cannot train at the run's input shape and
+    per-worker batch; let through what trains and what this check cannot decide.
+
+    The model is built with its weights on the meta device and run forward in training mode at
+    the run's batch: an error there is the input's. Where the meta device cannot tell (the
+    builder or the forward needs a tensor's data), a real build on the CPU runs forward and
+    backward at up to 2 samples, if its weights fit REAL_CHECK_MAX_WEIGHT_BYTES. Batch norm
+    after global pooling needs 2 samples: 1 that fails where 2 trains is refused as batch_size."""
+    check_model_name(name)
     if is_gpt(name):  # option errors name their own field
         resolve_shape(name, {**(options or {}), "seq_len": input_shape[2]}, num_classes)
+    failure = _training_failure(name, input_shape, num_classes, batch_size, options)
+    if failure is None:
+        return
+    if batch_size < 2 and _training_failure(name, input_shape, num_classes, 2, options) is None:
+        raise ValueError(f"batch_size: {name} cannot train on {batch_size} sample per worker "
+                         f"(it trains at 2 and up): {failure}")
+    raise ValueError(f"input_shape: {name} cannot take inputs of shape {input_shape}: {failure}")
 
-    def forward(batch: int) -> None:
-        with torch.device("meta"):
-            build_model(name, input_shape, num_classes, options)(example_input(name, input_shape, batch))
 
+def _training_failure(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
+                      options: Mapping[str, int | None] | None) -> str | None:
+    """Why a training step at `batch` inputs of `input_shape` fails, in one line; None where it
+    trains or where neither the meta device nor a bounded real build can tell."""
     try:
-        forward(batch_size)
-    except (RuntimeError, ValueError) as err:
-        if batch_size < 2:
-            try:
-                forward(2)
-            except (RuntimeError, ValueError):
-                pass
-            else:
-                raise ValueError(f"batch_size: {name} cannot train on {batch_size} sample per worker "
-                                 f"(it trains at 2 and up): {err}") from None
-        raise ValueError(f"input_shape: {name} cannot take inputs of shape {input_shape}: {err}") from None
+        with _weights_on_meta():
+            model = build_model(name, input_shape, num_classes, options)
+    except ValueError as err:
+        # ddlbench's own builders refuse a shape they cannot take, naming the field; another
+        # builder's ValueError is about its options, which the run's own build names.
+        return _one_line(err).removeprefix("input_shape: ") if str(err).startswith("input_shape:") else None
+    except Exception:  # the builder needs a tensor's data; unsized, a real build could be too big
+        return None
+    model.to("meta").train()
+    with torch.device("meta"):
+        x = example_input(name, input_shape, batch)
+    try:
+        model(x)
+        return None
+    except Exception as err:
+        if not _meta_cannot_tell(err):
+            return _one_line(err)
+    if sum(p.numel() * p.element_size() for p in model.parameters()) > REAL_CHECK_MAX_WEIGHT_BYTES:
+        return None
+    # A shape error shows at 2 samples as at more: 2 keeps the real step small (1 stays 1: batch norm).
+    return _real_training_failure(name, input_shape, num_classes, min(batch, 2), options)
+
+
+@contextmanager
+def _weights_on_meta() -> Iterator[None]:
+    """While a builder runs, each parameter it registers moves to the meta device: weights take
+    no memory and their initialisation no time, while the builder's own arithmetic stays real.
+    Under torch.device("meta") that arithmetic is meta too, and a builder that reads it back
+    (regnet computes its widths with tensors) fails. The patch is process-wide while it lasts."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _meta_cannot_tell(err: Exception) -> bool:
+    """Whether a meta forward's error is the meta device's, not the input's: an op without a meta
+    kernel raises NotImplementedError, one that needs data or mixes devices names meta; shape
+    checks raise RuntimeError, ValueError (batch norm), AssertionError (ViT) or IndexError."""
+    if isinstance(err, NotImplementedError) or "meta" in str(err).lower():
+        return True
+    return not isinstance(err, (RuntimeError, ValueError, AssertionError, IndexError))
+
+
+def _real_training_failure(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
+                           options: Mapping[str, int | None] | None) -> str | None:
+    """A real forward and backward in training mode; the caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        try:
+            model = build_model(name, input_shape, num_classes, options).train()
+        except Exception:  # not the input's: the run's own build names it
+            return None
+        try:
+            logits_of(model(example_input(name, input_shape, batch))).float().sum().backward()
+        except (MemoryError, torch.OutOfMemoryError):
+            return None
+        except Exception as err:  # whatever fails at the run's input is the input's
+            return _one_line(err)
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    line = lines[0].strip() if lines else type(err).__name__
+    return line if len(line) <= _REASON_CHARS else line[:_REASON_CHARS - 3] + "..."
 
 
 def logits_of(output: torch.Tensor | tuple) -> torch.Tensor:
