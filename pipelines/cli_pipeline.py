@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from pipelines.cli_compare import compare
 from pipelines.disk import disk_full
+from pipelines.journal import RunDirGone
 
 
 class SpecRefused(click.ClickException):
@@ -37,6 +39,8 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
         )
     except ConfigError as err:  # SpecError too
         raise SpecRefused(str(err)) from None
+    except RunDirGone as err:
+        _vanished(err)
     except OSError as err:  # the run directory or its journal cannot be written
         if (full := disk_full(err)) is None:
             raise
@@ -46,6 +50,8 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
         f"run [bold]{ctx.run_key}[/] in {ctx.run_dir}  (MLflow {ctx.tracking_uri}, experiment {ctx.experiment})"
     )
     results, failed = _run_stages(console, ctx, rest)
+    if "vanished" in results:  # nothing of the run is left to summarise
+        _vanished(results["vanished"])
     done = next(results[s.name] for s in rest if s.takes_outcome)
     trained = next((results.get(s.name, []) for s in rest if s.mapped), [])
     reported = next((results.get(s.name, {}) for s in rest if s.publishes), {})
@@ -108,8 +114,8 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
             for stage in (s for s in stages if s.always):
                 try:
                     results[stage.name] = stage.run(ctx, failed=failed) if stage.takes_outcome else stage.run(ctx)
-                except Exception as err:  # a full disk: what the journal kept is for `ddlbench sync`
-                    if disk_full(err) is None:
+                except Exception as err:  # a full disk (the journal keeps the rest) or a vanished run dir
+                    if disk_full(err) is None and not isinstance(err, RunDirGone):
                         raise
                     failed = True
                     _report(console, err, results)
@@ -130,14 +136,28 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
 
 
 def _report(console: Any, err: Exception, results: dict[str, Any]) -> None:
-    """One line for a failed stage; a full disk names its path and space (pipelines/disk.py)."""
+    """One line for a failed stage; a full disk names its path and space (pipelines/disk.py); a
+    vanished run directory is kept for the run's last line."""
     from rich.markup import escape
 
-    if full := disk_full(err):
+    if isinstance(err, RunDirGone):
+        results.setdefault("vanished", err)
+    elif full := disk_full(err):
         results.setdefault("disk_full", str(full))
         console.print(f"[red]{escape(str(full))}[/]", soft_wrap=True)
     else:
         console.print(f"[red]{type(err).__name__}: {escape(str(err))}[/]")
+
+
+def _vanished(err: RunDirGone) -> NoReturn:
+    """The run's one last line (stderr), exit 1: its directory vanished; what became of its MLflow runs."""
+    key = err.run_dir.name
+    if err.ended is None:
+        runs = f"its MLflow runs stay RUNNING until `ddlbench sync --abandoned {key}` (MLflow unavailable)"
+    else:
+        runs = f"{len(err.ended)} MLflow runs of it ended FAILED"
+    click.echo(f"ddlbench run: {err}; {runs}", err=True)
+    sys.exit(1)
 
 
 def _unfinished(ctx: Any) -> dict[str, Any]:
@@ -224,27 +244,60 @@ run = click.Command(
 )
 
 
+_RUN_KEY = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 def _sync(targets: tuple[str, ...], home: Path | None, tracking_uri: str | None, abandoned: bool) -> None:
     from rich.console import Console
 
     from pipelines import steps
 
-    runs_root = (home or steps.default_home()) / "runs"
+    home = home or steps.default_home()
+    runs_root = home / "runs"
     dirs = [Path(t) if Path(t).is_dir() else runs_root / t for t in targets] or sorted(
         p.parent for p in runs_root.glob("*/ctx.json")
     )
+    vanished = [d for d in dirs if not (d / "ctx.json").exists()]
+    for d in vanished:
+        if not abandoned or not _RUN_KEY.fullmatch(d.name):
+            raise click.BadParameter(
+                f"{d}: not a ddlbench run directory (no ctx.json); the MLflow runs of a run whose "
+                "directory vanished: `ddlbench sync --abandoned RUN_KEY`", param_hint="TARGETS")
     console = Console()
     pending = 0
-    for d in dirs:
-        if not (d / "ctx.json").exists():
-            raise click.BadParameter(f"{d}: not a ddlbench run directory (no ctx.json)", param_hint="TARGETS")
+    for d in (d for d in dirs if d not in vanished):
         res = steps.sync(d, tracking_uri, abandoned)
         pending += res["pending"]
         note = f", orphans marked FAILED: {', '.join(res['orphans_failed'])}" if res["orphans_failed"] else ""
         err = f" [red]({res['error']})[/]" if res["error"] else ""
         console.print(f"{res['run_key']}: uploaded {res['uploaded']}, pending {res['pending']}{note}{err}")
+    if abandoned:  # named run keys without a directory, or every run in the store
+        keys = [d.name for d in vanished] if targets else [None]
+        _sync_vanished(console, keys, tracking_uri or steps.default_tracking_uri(home))
     if pending:
         sys.exit(1)
+
+
+def _sync_vanished(console: Any, keys: list[str | None], tracking_uri: str) -> None:
+    """End FAILED the RUNNING MLflow runs of these run keys (None: of any) whose run directory is
+    gone and whose owner is dead or the pipeline run (pipelines/stranded.py); say which, by run key."""
+    from mlflow import MlflowClient
+
+    from pipelines.mlflow_upload import TAG_RUN_KEY
+    from pipelines.stranded import end_stranded
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    for key in keys:
+        swept = end_stranded(client, run_key=key)
+        by_key: dict[str, list[str]] = {k: [] for k in [key] if k}
+        for run in swept.ended:
+            by_key.setdefault(run.data.tags[TAG_RUN_KEY], []).append(run.info.run_name)
+        for run, why in swept.kept:
+            console.print(f"{run.data.tags[TAG_RUN_KEY]}: run directory gone, {run.info.run_name} left RUNNING: {why}",
+                          soft_wrap=True)
+        for k, names in by_key.items():
+            ended = f"MLflow runs marked FAILED: {', '.join(names)}" if names else "no MLflow run of it left to end"
+            console.print(f"{k}: run directory gone, {ended}", soft_wrap=True)
 
 
 sync = click.Command(
@@ -259,8 +312,10 @@ sync = click.Command(
         click.Option(
             ["--abandoned"],
             is_flag=True,
-            help="The pipeline runs will not go on (their Airflow DAG runs ended without `finish`): "
-            "end their parent runs FAILED too.",
+            help="The pipeline runs will not go on (their Airflow DAG runs ended without `finish`, or their "
+            "run directories vanished): end their parent runs FAILED too, and the MLflow runs left RUNNING "
+            "by runs whose directory is gone (those TARGETS, else every run in the store) whose process "
+            "is dead.",
         ),
     ],
 )

@@ -139,7 +139,7 @@ class RunContext(BaseModel):
         from pipelines.tracking import Tracker, resolve_uri
 
         return Tracker(self.run_dir, resolve_uri(self.tracking_uri), self.experiment, self.run_key,
-                       artifact_root=self.home / "mlartifacts")
+                       artifact_root=self.home / "mlartifacts", made=True)
 
 
 def as_context(ctx: dict[str, Any] | RunContext) -> RunContext:

@@ -22,6 +22,12 @@ A full disk: `<run_dir>/journal.reserve` holds `RESERVE_BYTES` set aside when th
 The first journal write that finds no space frees it and is retried, so that entry, and the
 ends of the runs that the failing pipeline records next, are kept for `ddlbench sync`; the
 write still raises `DiskFull`, so the run stops.
+
+A run directory removed mid-run: a journal writes only into the directory it first saw (made
+by `start`, or by its own first write), so one removed (or made again by a later write: another
+inode, or no journal file where there was one) raises `RunDirGone` instead of starting an empty
+journal, whose entries name runs its upload state has lost. The tracker then ends its runs in
+MLflow directly.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from pipelines.disk import DiskFull, is_full
 
@@ -50,25 +58,69 @@ def now_ms() -> int:
 
 
 def owner() -> dict[str, Any]:
-    return {"host": platform.node(), "pid": os.getpid()}
+    """This process: host, pid and start time (a pid reused by a later process is not this one)."""
+    return {"host": platform.node(), "pid": os.getpid(), "started": _started(os.getpid())}
+
+
+def _started(pid: int) -> float:
+    return round(psutil.Process(pid).create_time(), 2)
+
+
+class RunDirGone(RuntimeError):
+    """The run directory, and the journal in it, was removed while the run went on."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.ended: list[str] | None = None  # the MLflow runs the tracker ended for it; None: it could not
+        super().__init__(f"run directory {run_dir} vanished mid-run")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class Journal:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, made: bool = False) -> None:
+        """`made`: the run directory was made before (by `start`), so missing it means it vanished."""
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / JOURNAL
         self.state_path = self.run_dir / STATE
+        self._identity = _identity(self.run_dir)
+        self._made = made or self._identity is not None
+        # Once seen, the journal file must stay: a directory made again may reuse the inode number.
+        self._written = self.path.exists()
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Exclusive across processes: one writer or uploader at a time."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / _LOCK, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        """Exclusive across processes: one writer or uploader at a time; RunDirGone once the run
+        directory this journal saw is gone."""
+        if not self._made:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._identity, self._made = _identity(self.run_dir), True
+        self.check()
+        try:
+            with open(self.run_dir / _LOCK, "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+        except FileNotFoundError:  # removed while held
+            self.check()
+            raise
+
+    def check(self) -> None:
+        """RunDirGone when the run directory this journal saw is gone, or another is in its place."""
+        if not self._made:
+            return
+        if self._identity is None or _identity(self.run_dir) != self._identity or (
+            self._written and not self.path.exists()
+        ):
+            raise RunDirGone(self.run_dir)
 
     def append(self, entry: dict[str, Any]) -> None:
         line = (json.dumps(entry, default=str) + "\n").encode()
@@ -76,6 +128,7 @@ class Journal:
             if not self.path.exists():  # a new run: set its reserve aside first
                 self.reserve()
             self._full_retried(self.path, len(line), lambda: self._append(line))
+            self._written = True
 
     def _append(self, line: bytes) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -179,7 +232,8 @@ class Journal:
 
 
 def owner_alive(own: dict[str, Any]) -> bool:
-    """Whether the process that opened a run still lives (only knowable on its own host)."""
+    """Whether the process that opened a run still lives (only knowable on its own host): its pid
+    runs, and, where its start time is recorded, is the same process."""
     if own.get("host") != platform.node():
         return True
     try:
@@ -188,4 +242,11 @@ def owner_alive(own: dict[str, Any]) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    if own.get("started") is None:
+        return True
+    try:
+        return _started(int(own["pid"])) == float(own["started"])
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True

@@ -16,6 +16,12 @@ from typing import Any
 
 TAG_RUN_KEY = "ddlbench.run_key"
 TAG_NODE = "ddlbench.node"
+# Whose a run is and where its journal lives, so that a run whose run directory vanished can
+# still be judged from MLflow alone (pipelines/stranded.py): owner.host/pid/started for a process,
+# owner.pipeline for a pipeline run's own (journal.owner and Tracker.start_run).
+TAG_OWNER = "ddlbench.owner."
+TAG_RUN_DIR = "ddlbench.run_dir"
+TAG_FAILURE = "ddlbench.failure"  # why a run ended FAILED, when that is known
 # MLflow's record of what an experiment is: ddlbench's are model training (runs, params,
 # metrics), not GenAI (traces). MLflow 3.17's UI still lands on the mode the browser last chose,
 # so scripts/main.sh prints the runs table's URL.
@@ -154,7 +160,8 @@ class Uploader:
         from mlflow.entities import RunTag
 
         c = self.client
-        tags = {**e["tags"], TAG_RUN_KEY: self.run_key, TAG_NODE: e["node"]}
+        tags = {**e["tags"], TAG_RUN_KEY: self.run_key, TAG_NODE: e["node"], TAG_RUN_DIR: str(self.run_dir.resolve())}
+        tags |= {TAG_OWNER + k: str(v) for k, v in (e.get("owner") or {}).items()}
         if e.get("parent"):
             tags["mlflow.parentRunId"] = runs[e["parent"]]
         rid = runs.get(e["node"])
@@ -171,6 +178,8 @@ class Uploader:
     def _apply_one(self, e: dict[str, Any], rid: str) -> None:
         c, op = self.client, e["op"]
         if op == "end_run":
+            if e.get("reason"):
+                c.set_tag(rid, TAG_FAILURE, e["reason"])
             c.set_terminated(rid, e["status"], end_time=e["ts"])
         elif op == "artifact":
             c.log_artifact(rid, str(self.run_dir / e["path"]), e["artifact_path"])

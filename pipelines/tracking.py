@@ -6,7 +6,8 @@ only opening a run is uploaded at once, so its run id is known; the rest goes up
 flush when the block ends, also when it fails. Uploading is the same code for a live
 pipeline and for `ddlbench sync`, so what works offline-then-sync is what works online.
 When MLflow is unreachable (server down, database locked) the tracker says so once, stops
-trying for a while and the pipeline goes on.
+trying for a while and the pipeline goes on. When the run directory vanishes, with the journal
+in it, the tracker ends the run's runs in MLflow directly, FAILED, and raises `RunDirGone`.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipelines.context import STATUS
-from pipelines.journal import Journal, now_ms, owner, owner_alive
+from pipelines.journal import Journal, RunDirGone, now_ms, owner, owner_alive
 from pipelines.mlflow_upload import Uploader, groups, is_rejection
+from pipelines.stranded import end_stranded
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +40,27 @@ class Tracker:
     """Journal-first MLflow logging for one pipeline run dir."""
 
     def __init__(
-        self, run_dir: Path, tracking_uri: str, experiment: str, run_key: str, artifact_root: Path | None = None
+        self,
+        run_dir: Path,
+        tracking_uri: str,
+        experiment: str,
+        run_key: str,
+        artifact_root: Path | None = None,
+        made: bool = False,
     ) -> None:
+        """`made`: the run directory exists already (`start` made it); a missing one has vanished."""
         self.run_dir = Path(run_dir)
         if mask_uri(tracking_uri) != tracking_uri:
             # MLflow prints a link to every run it ends, the URI's password in it, to stdout (the task log)
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-        self.journal = Journal(self.run_dir)
+        self.journal = Journal(self.run_dir, made=made)
         self.tracking_uri = tracking_uri
         self.run_key = run_key
         self.uploader = Uploader(self.run_dir, tracking_uri, experiment, run_key, artifact_root)
         self._down_until = 0.0
         self.last_error: str | None = None
         self._batching = 0
+        self.vanished: RunDirGone | None = None  # the first sign that the run directory is gone
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -64,9 +75,31 @@ class Tracker:
 
     # -- writing -----------------------------------------------------------------------------
     def _write(self, entry: dict[str, Any]) -> None:
-        self.journal.append(entry)
+        self._append(entry)
         if not self._batching or entry["op"] == "start_run":
             self.flush()
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        try:
+            self.journal.append(entry)
+        except RunDirGone as gone:
+            self._end_vanished(gone)
+
+    def _end_vanished(self, gone: RunDirGone) -> NoReturn:
+        """The run directory went with its journal, so nothing will replay what it held: end the
+        run's runs in MLflow directly, FAILED, while this process still can (once), and raise."""
+        if self.vanished is None:
+            self.vanished = gone
+            try:
+                swept = end_stranded(self.client, run_key=self.run_key, experiment_ids=[self.experiment_id()],
+                                     vanished=self.run_dir, dying=owner())
+                gone.ended = [run.info.run_name for run in swept.ended]
+            except Exception as err:  # noqa: BLE001 - the store down as well: `sync --abandoned` ends them later
+                log.warning("MLflow unavailable (%s): the runs of %s stay RUNNING until "
+                            "`ddlbench sync --abandoned %s`", mask_secrets((str(err).splitlines() or [''])[0])[:300],
+                            self.run_key, self.run_key)
+        gone.ended = self.vanished.ended
+        raise gone
 
     def start_run(
         self,
@@ -86,7 +119,8 @@ class Tracker:
                 "name": name,
                 "tags": {k: mask_secrets(str(v)) for k, v in (tags or {}).items()},
                 "ts": now_ms(),
-                "owner": {"pipeline": self.run_key} if owned_by_pipeline else owner(),
+                # the host: where its run directory is, which `sync --abandoned` looks for
+                "owner": {"pipeline": self.run_key, "host": platform.node()} if owned_by_pipeline else owner(),
             }
         )
 
@@ -159,7 +193,7 @@ class Tracker:
             alive = not over if "pipeline" in own else owner_alive(own)
             if node in keep or (not everyone and alive):
                 continue
-            self.journal.append(
+            self._append(
                 {
                     "op": "end_run",
                     "node": node,
@@ -199,11 +233,14 @@ class Tracker:
         """Upload journal entries MLflow has not seen; False when MLflow is unavailable."""
         if not (force or self.online):
             return False
-        with self.journal.locked():
-            state = self.journal.read_state()
-            for group in groups(self.journal.entries(state["offset"])):
-                if not self._upload(group, state):
-                    return False
+        try:
+            with self.journal.locked():
+                state = self.journal.read_state()
+                for group in groups(self.journal.entries(state["offset"])):
+                    if not self._upload(group, state):
+                        return False
+        except RunDirGone as gone:
+            self._end_vanished(gone)
         self._down_until = 0.0
         self.last_error = None
         return True
@@ -214,6 +251,7 @@ class Tracker:
         try:
             self.uploader.apply(group, state)
         except Exception as err:  # noqa: BLE001 - the store's failures are all handled alike
+            self.journal.check()  # an artifact gone with the run directory: not the store's failure
             if not is_rejection(err):
                 self._went_down(err)
                 return False
