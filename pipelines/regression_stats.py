@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special, stats
 
+from pipelines.regression_components import repeat_parts, run_parts
+
 CI_LEVEL = 0.95
 POWER = 0.95  # the detection probability `detectable_slowdown` is stated at
 QUAD_NODES = 48  # nodes of the expectation over the estimated variance
@@ -68,6 +70,7 @@ def repeat_figures(run_dir: Path) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {"log_thr": math.log(thr), "within_var": None, "within_df": None}
     out["canary_gemm_log"] = (s.get("canary") or {}).get("gemm_log")
+    out["parts"] = repeat_parts(Path(run_dir))  # the components, timed in situ (regression_components.py)
     skip = s.get("warmup_steps_excluded") or 0
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.exists():
@@ -94,6 +97,9 @@ def run_level(repeats: list[dict[str, Any]]) -> dict[str, Any]:
         "canary_gemm_log": statistics.fmean(canary) if None not in canary else None,
         "repeats": r,
     }
+    parts = [x.get("parts") for x in repeats]
+    if parts and None not in parts:
+        out["parts"] = run_parts(parts)
     if r > 1:
         top = max(repeats, key=lambda x: x["log_thr"])
         out["best"] = {"log_thr": top["log_thr"], "within_var": top["within_var"], "within_df": top["within_df"],

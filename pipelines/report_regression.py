@@ -31,6 +31,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pipelines import regression_components as rc
 from pipelines import regression_stats as rs
 from pipelines.regression_stats import prediction_test
 
@@ -182,11 +183,15 @@ def regression_check(
     spec: Any,
     injected_ms: float = 0.0,
     figures: dict[str, dict[str, Any]] | None = None,
+    predictors: dict[str, rc.Predictor] | None = None,
 ) -> dict[str, Any]:
     """The check of this run against its history: status (the `ddlbench.regression` tag:
     regressed, passed, short-history or no-baseline), the findings and every test made.
     `figures`: this run's run-level figures per config (regression_stats.config_figures), kept in
-    the check as `runs` for the runs after it; without them a config is known by its repeats."""
+    the check as `runs` for the runs after it; without them a config is known by its repeats.
+    Each config's components are tested too (regression_components.py), and where the model can
+    re-predict a config's iteration (`predictors`) it attributes the change to them."""
+    predictors = predictors or {}
     history = history or []
     figures = figures or {}
     out: dict[str, Any] = {
@@ -217,6 +222,9 @@ def regression_check(
             )
             continue
         res = check_runs(now, [r for _, r in past], spec)
+        parts = rc.check_components(now, [r for _, r in past], spec.alpha, spec.min_effect,
+                                    predictors.get(row["config"]))
+        flagged = bool(parts and parts["flagged"])
         out["checks"].append(
             {
                 "config": row["config"],
@@ -227,6 +235,11 @@ def regression_check(
                 "threshold": spec.min_effect,
                 "alpha": spec.alpha,
                 **res,
+                "regressed": res["regressed"] or flagged,
+                "flagged_by": [*(["iteration"] if res["regressed"] else []), *(parts["flagged"] if flagged else [])],
+                "components": parts,
+                "attribution": [{k: r[k] for k in ("component", "change", "explains")}
+                                for r in (parts or {}).get("attribution", [])],
                 "change_points": rs.history_change_points(now, past, res["basis"]),
             }
         )
@@ -292,6 +305,11 @@ def markdown(check: dict[str, Any], spec: Any) -> list[str]:
         ]
         md += [_row(c) for c in check["checks"]]
         md += ["", *power_lines(check)]
+        lines = [f"- {c['config']}: {rc.line(c)}" for c in check["checks"] if c.get("components")]
+        if lines:
+            md += ["", "Components (each against its history, Holm over a config's components; what each "
+                   "explains of the iteration, by the model re-predicting the baseline with tonight's value "
+                   "of it alone):", "", *lines]
         steps = [(c["config"], p) for c in check["checks"] for p in c.get("change_points") or []]
         if steps:
             md += ["", "Change points in the history (E-divisive style: least-squares split, permutation "

@@ -21,7 +21,7 @@ from pipelines.report import comparison, regression_check
 from pipelines.report_regression import check_runs, check_throughput, describe, markdown, prediction_test
 from pipelines.spec import RegressionSpec, load_spec
 from training.config import ConfigError, build_config
-from training.trainer import inject_delay
+from training.inject import inject_delay
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = "m-ssgd-allreduce-w2-b32"
@@ -185,11 +185,11 @@ def test_a_rise_of_the_prediction_error_against_its_history() -> None:
 
 def test_regression_options_are_validated_naming_the_field() -> None:
     smoke = REPO / "specs" / "smoke.yaml"
-    with pytest.raises(ValueError, match=r"regression: min_history: 12 is above history \(10\)"):
+    with pytest.raises(ValueError, match=r"regression.min_history: 12 is above history \(10\)"):
         load_spec(smoke, {"regression.min_history": 12})
     with pytest.raises(ValueError, match=r"regression\.alpha: Input should be less than 0\.5 \(got 0\.7\)"):
         load_spec(smoke, {"regression.alpha": 0.7})
-    with pytest.raises(ValueError, match=r"regression: throughput_drop: renamed min_effect"):
+    with pytest.raises(ValueError, match=r"regression.throughput_drop: renamed min_effect"):
         load_spec(smoke, {"regression.throughput_drop": 0.15})
     with pytest.raises(ConfigError, match=r"config\.inject_delay_ms: Input should be greater than or equal to 0"):
         build_config({"steps": 5, "inject_delay_ms": -1})

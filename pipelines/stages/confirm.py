@@ -56,6 +56,7 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
     """Rerun one suspect configuration's repeats and test the rerun against the same history:
     `confirmed` if it alarms too (p < confirm_alpha and a slowdown above min_effect)."""
     from pipelines import report as rep
+    from pipelines.regression_components import check_components
     from pipelines.regression_stats import config_figures
     from pipelines.report_regression import check_rerun, history_runs
     from pipelines.stages.train import train
@@ -73,11 +74,15 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
         if now is None or len(past) < spec.regression.min_history:
             return {**out, "status": "FAILED", "confirmed": None}
         res = check_rerun(now, past, spec.regression)
+        # A component's alarm is confirmed by the rerun's components at the rerun's looser alpha.
+        r = spec.regression
+        parts = check_components(now, past, max(r.alpha, r.confirm_alpha), r.min_effect)
+        confirmed = res["regressed"] or bool(parts and parts["flagged"])
         t.log_metrics(node, {"p_value": res["p_value"], "change": res["effect"]})
-        t.set_tags(node, {"ddlbench.confirmed": str(res["regressed"]).lower()})
+        t.set_tags(node, {"ddlbench.confirmed": str(confirmed).lower()})
         keep = ("basis", "p_value", "effect", "effect_ci", "detectable_slowdown", "history_runs")
-        return {**out, "status": "FINISHED", "confirmed": res["regressed"], **{k: res[k] for k in keep},
-                "throughput": math.exp(now["log_thr"])}
+        return {**out, "status": "FINISHED", "confirmed": confirmed, **{k: res[k] for k in keep},
+                "flagged_components": parts["flagged"] if parts else [], "throughput": math.exp(now["log_thr"])}
 
     return run_once(ctx, f"confirm/{config}", body, node=f"confirm/{config}", tags={"ddlbench.config": config})
 

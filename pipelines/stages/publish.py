@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pipelines.context import RunContext
 from pipelines.regression_stats import config_figures
 from pipelines.stages.confirm import apply_confirmations
 from pipelines.stages.model import trained_dirs
-from pipelines.stages.runner import load_inputs, run_once, tracker, write_json
+from pipelines.stages.runner import load_inputs, run_once, tracker, workload_dir, write_json
 from pipelines.tracking import PARENT, Tracker
 
 
@@ -28,7 +29,8 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         table = rep.comparison(runs)
         history = rep.find_history(t, ctx.as_dict(), spec.regression.history)
         figures = config_figures(trained_dirs(trained))
-        check = rep.regression_check(table, val, history, spec.regression, rep.injected_delay_ms(runs), figures)
+        check = rep.regression_check(table, val, history, spec.regression, rep.injected_delay_ms(runs), figures,
+                                     _predictors(ctx, trained))
         check = apply_confirmations(check, confirmations)
         md = rep.write_report(out, ctx.as_dict(), spec, runs, table, val, check)
         for name, fig in rep.figures(runs, table, val).items():
@@ -45,6 +47,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
             "ddlbench.regression_detail": rep.describe(check),
             "ddlbench.baseline_run_key": baseline_key or "",
             "ddlbench.inject_delay_ms": f"{check['inject_delay_ms']:g}",
+            "ddlbench.inject_where": injected_where(runs),
         }
         t.set_tags(PARENT, regression_tags)
         t.set_tags(node, regression_tags)
@@ -67,6 +70,13 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
     return run_once(ctx, "report", body)
 
 
+def injected_where(runs: list[dict]) -> str:
+    """The components the runs' injected delays slowed (their `inject_where`, comma-separated;
+    empty where none injected), beside the largest delay the report records."""
+    configs = [r["summary"].get("config") or {} for r in runs]
+    return ",".join(sorted({c.get("inject_where", "data") for c in configs if float(c.get("inject_delay_ms") or 0)}))
+
+
 def record_hardware_profile(ctx: RunContext) -> dict:
     """One artifact of the parent run with the comm fits and layer tables other runs predict from."""
     done = ctx.paths.recorded("hardware_profile")
@@ -87,3 +97,26 @@ def record_hardware_profile(ctx: RunContext) -> dict:
     result = {"hardware_profile": str(path)}
     write_json(done, result)
     return result
+
+
+def _predictors(ctx: RunContext, trained: list[dict]) -> dict[str, Any]:
+    """Per config, the model's iteration from in-situ parts (regression_components.model_predictor),
+    from the run's profile and comm fit; none where either was skipped."""
+    from pipelines.regression_components import model_predictor
+    from pipelines.spec import config_of
+
+    layers_by, model = load_inputs(ctx)
+    if not layers_by or model is None:
+        return {}
+    spec, out = ctx.spec(), {}
+    for e in trained_dirs(trained):
+        summary_path = Path(e["run_dir"], "summary.json")
+        if config_of(e["key"]) in out or not summary_path.exists():
+            continue
+        summary = json.loads(summary_path.read_text())
+        trained_on = (summary.get("model"), (summary.get("config") or {}).get("dataset"))
+        for wl in spec.workloads:
+            layers = layers_by.get(workload_dir(wl, summary["batch_size"]))
+            if layers and trained_on == (wl.model, wl.dataset):
+                out[config_of(e["key"])] = model_predictor(layers, model, summary)
+    return out

@@ -1,0 +1,287 @@
+"""The regression alarm at the component level, and the model's attribution of a change to its
+components (docs/regression.md, "Components").
+
+A run's iteration is made of parts the trainer times in situ (training/layer_timing.py): each
+layer's forward and backward, the batch load (`data`) and the worker's `update`. A slowdown of one
+part is a small change of the whole and a large change of that part, so each part is tested
+against its history on its own:
+- a layer's **share** of the run's compute (forward and backward of every layer): a host slower
+  tonight slows every layer alike and leaves the shares where they were, so a slower layer stands
+  out against its siblings whatever the host did;
+- the whole **compute** and the **update** (CPU work), relative to the host-speed canary (their
+  time times the canary's GEMM rate: the work, in the canary's units), when every run has one;
+- **data**, raw.
+
+The statistic is robust to the heavy tails of a shared host's runs: the history's median and its
+biweight spread, a prediction test against Student's t with the degrees of freedom the biweight's
+efficiency leaves (0.87 of the SD's). The components of one configuration are tested by closed
+testing: Holm's step-down among the parts of the iteration (compute, update, data) and one test
+that some layer's share moved; the layers' shares, with Holm among them, only where that one
+rejects. Together they keep the chance of any false component alarm at alpha. A component is flagged
+where its adjusted p-value is below alpha and the model says it explains more than min_effect of
+the iteration; the confirmation rerun stays.
+
+Attribution: the model (modelling.predict fed with in-situ compute, as validation's model error
+is) re-predicts the baseline's iteration (the history's median of every component) with tonight's
+value of one component swapped in, one at a time and all together; each component's `explains`
+is the iteration's change it alone makes, in points of the baseline iteration. Tonight's CPU work
+enters at the history's host speed (scaled by the canary's change), so a host faster or slower
+tonight is not attributed to the workload; the canary's change is reported beside. A part the
+model does not take from the run (the worker's update) explains its own time's change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+INSITU_FILE = "layers_insitu.json"  # training.layer_timing.INSITU_FILE, without importing torch
+MAD_SD = 1.4826  # the MAD of a normal sample times this is its SD
+BIWEIGHT_EFFICIENCY = 0.87  # the biweight's variance is the SD's from this fraction of the values
+# Fewer history runs than this carry a component: it is not tested (its spread is unknown).
+MIN_RUNS = 3
+
+Predictor = Callable[[dict[str, float]], float]
+ALL = "all"  # every component swapped in at once
+SHARES = "layer shares"  # the test that some layer's share of the compute moved
+
+
+def repeat_parts(run_dir: Path) -> dict[str, float] | None:
+    """One repeat's in-situ parts in seconds (`forward <layer>`, `backward <layer>`, `data`,
+    `update`), or None where the run sampled none."""
+    path = Path(run_dir) / INSITU_FILE
+    if not path.is_file():
+        return None
+    table = json.loads(path.read_text())
+    parts = {"data": float(table.get("data_s") or 0.0), "update": float(table.get("update_s") or 0.0)}
+    for row in table.get("layers", []):
+        parts[f"forward {row['name']}"] = float(row["fwd_s"])
+        parts[f"backward {row['name']}"] = float(row["bwd_s"])
+    parts["samples"] = float(table.get("sampled_iterations") or 0)
+    return parts
+
+
+def run_parts(repeats: list[dict[str, float]]) -> dict[str, Any]:
+    """A run's parts over its repeats: each part's median seconds, and the in-situ samples they rest on."""
+    keys = set.intersection(*(set(r) for r in repeats)) - {"samples"}
+    return {"seconds": {k: statistics.median(r[k] for r in repeats) for k in sorted(keys)},
+            "samples": int(sum(r.get("samples", 0) for r in repeats))}
+
+
+def figures(parts: dict[str, Any], canary_gemm_log: float | None) -> dict[str, float]:
+    """The tested figure of each component, in logs: layer shares of the compute; the compute and
+    the update relative to the canary (raw without one); data raw."""
+    sec = parts["seconds"]
+    layers = {k: v for k, v in sec.items() if k.startswith(("forward ", "backward "))}
+    total = sum(layers.values())
+    out: dict[str, float] = {}
+    if total > 0:
+        out["compute"] = math.log(total) + (canary_gemm_log or 0.0)
+        out |= {f"{k} share": math.log(v / total) for k, v in layers.items() if v > 0}
+    if sec.get("update", 0) > 0:
+        out["update"] = math.log(sec["update"]) + (canary_gemm_log or 0.0)
+    if sec.get("data", 0) > 0:
+        out["data"] = math.log(sec["data"])
+    return out
+
+
+def biweight_sd(xs: list[float]) -> float:
+    """Tukey's biweight midvariance (c = 9), as a standard deviation: robust to the heavy tails of a
+    shared host's runs (half the values may be wild), and 87% as efficient as the SD on normal ones.
+    Written here: scipy has none, and astropy's or statsmodels' would be a dependency for ten lines."""
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    if mad == 0:
+        return statistics.pstdev(xs)
+    u = [(x - med) / (9 * mad) for x in xs]
+    inside = [(x, ui) for x, ui in zip(xs, u, strict=True) if abs(ui) < 1]
+    num = len(xs) * sum((x - med) ** 2 * (1 - ui**2) ** 4 for x, ui in inside)
+    den = sum((1 - ui**2) * (1 - 5 * ui**2) for _, ui in inside) ** 2
+    return math.sqrt(num / den) if den > 0 else mad * MAD_SD
+
+
+def robust_test(now: float, history: list[float]) -> dict[str, float]:
+    """One-sided test that `now` (a log figure) lies above the history's: p-value and the relative
+    change against the history's median."""
+    k = len(history)
+    med = statistics.median(history)
+    spread = biweight_sd(history)
+    d = now - med
+    if spread <= 0:
+        return {"p_value": 0.0 if d > 0 else 1.0, "change": math.expm1(d)}
+    # The median's own error (pi/2 of a mean's variance) beside the new run's; the spread's degrees
+    # of freedom are the SD's times the biweight's efficiency.
+    se = spread * math.sqrt(1 + math.pi / (2 * k))
+    df = max(1.0, BIWEIGHT_EFFICIENCY * (k - 1))
+    return {"p_value": float(stats.t.sf(d / se, df)), "change": math.expm1(d)}
+
+
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjusted p-values: the family's chance of any false alarm stays at alpha."""
+    order = sorted(p_values, key=p_values.get)
+    adjusted, running = {}, 0.0
+    for i, name in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * p_values[name]))
+        adjusted[name] = running
+    return adjusted
+
+
+def gatekept(p_values: dict[str, float]) -> dict[str, float]:
+    """Adjusted p-values of a configuration's components by closed testing, which keeps the chance
+    of any false alarm at alpha: Holm among the parts of the iteration (compute, update, data) and
+    one test that some layer's share moved (the smallest share p-value times their number); a
+    layer's adjusted p-value is at least that test's, and Holm's among the shares."""
+    shares = {c: p for c, p in p_values.items() if c.endswith(" share")}
+    top = {c: p for c, p in p_values.items() if c not in shares}
+    if shares:
+        top[SHARES] = min(1.0, min(shares.values()) * len(shares))
+    first = holm(top)
+    gate = first.pop(SHARES, 1.0)
+    return first | {c: max(gate, p) for c, p in holm(shares).items()}
+
+
+def baseline_parts(history: list[dict[str, Any]]) -> dict[str, float]:
+    """The history's median of each part's seconds (the parts every history run has)."""
+    keys = set.intersection(*(set(h["seconds"]) for h in history))
+    return {k: statistics.median(h["seconds"][k] for h in history) for k in sorted(keys)}
+
+
+def attribute(now: dict[str, float], base: dict[str, float], predict: Predictor | None,
+              components: list[str]) -> list[dict[str, Any]]:
+    """Each component's part of the iteration's change: the baseline re-predicted with tonight's
+    value of that component alone (`explains`, points of the baseline iteration), and all
+    together (`all`). Without a model (`predict` None) a part explains its own seconds' change
+    against the baseline's iteration, the parts added up."""
+    iteration = predict(base) if predict else sum(base.values())
+    if iteration <= 0:
+        return []
+
+    def swapped(names: list[str]) -> float:
+        value = dict(base)
+        for name in names:
+            value |= {k: now[k] for k in _parts_of(name, now) if k in base}
+        if predict is None or any(k == "update" for k in names):  # the model takes no in-situ update
+            return iteration + sum(now[k] - base[k] for n in names for k in _parts_of(n, now) if k in base)
+        return predict(value)
+
+    rows = [{"component": c, "change": _change(c, now, base), "explains": swapped([c]) / iteration - 1}
+            for c in components]
+    rows.sort(key=lambda r: -r["explains"])
+    return rows + [{"component": ALL, "change": swapped(list(base)) / iteration - 1,
+                    "explains": swapped(list(base)) / iteration - 1}]
+
+
+def _parts_of(component: str, parts: dict[str, float]) -> list[str]:
+    """The parts (seconds) a tested component stands for."""
+    name = component.removesuffix(" share")
+    if name == "compute":
+        return [k for k in parts if k.startswith(("forward ", "backward "))]
+    return [name] if name in parts else []
+
+
+def _change(component: str, now: dict[str, float], base: dict[str, float]) -> float:
+    keys = [k for k in _parts_of(component, now) if k in base]
+    before = sum(base[k] for k in keys)
+    return sum(now[k] for k in keys) / before - 1 if before > 0 else 0.0
+
+
+def model_predictor(profile: dict[str, Any], comm_model: dict[str, Any], summary: dict[str, Any]) -> Predictor | None:
+    """The iteration the DAG model predicts for a run's configuration (its summary.json) from parts
+    in seconds, as validation's model error feeds it (modelling.validate.insitu_layers); None where
+    the model gives no prediction for it."""
+    from modelling.predict import predict
+    from modelling.scenario import Scenario
+    from modelling.validate import insitu_layers
+
+    scenario = Scenario.from_summary(summary)
+    names = [r["name"] for r in profile["layers"]]
+
+    def iteration(parts: dict[str, float]) -> float:
+        insitu = {"batch_size": summary["batch_size"], "data_s": parts.get("data", 0.0),
+                  "layers": [{"name": n, "fwd_s": parts[f"forward {n}"], "bwd_s": parts[f"backward {n}"]}
+                             for n in names]}
+        [p] = predict(insitu_layers(profile, insitu), comm_model, scenario, strict=False)
+        if p.get("iter_time_s") is None:
+            raise ValueError(p.get("no_prediction") or "no prediction")
+        return float(p["iter_time_s"])
+
+    return iteration
+
+
+def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], alpha: float, min_effect: float,
+                     predict: Predictor | None = None) -> dict[str, Any] | None:
+    """The component checks of one configuration: `now` and `history` are run-level figures
+    (regression_stats.run_level) carrying `parts`; None where tonight has none or fewer than
+    MIN_RUNS history runs do. Tests every component (Holm over them), flags those that moved and
+    explain more than min_effect, and attributes the iteration's change to the components."""
+    past = [h for h in history if h.get("parts")]
+    if not now or not now.get("parts") or len(past) < MIN_RUNS:
+        return None
+    canaried = now.get("canary_gemm_log") is not None and all(h.get("canary_gemm_log") is not None for h in past)
+    fig_now = figures(now["parts"], now["canary_gemm_log"] if canaried else None)
+    fig_hist = [figures(h["parts"], h["canary_gemm_log"] if canaried else None) for h in past]
+    tests = {c: robust_test(v, [f[c] for f in fig_hist]) for c, v in fig_now.items()
+             if sum(c in f for f in fig_hist) == len(fig_hist)}
+    adjusted = gatekept({c: t["p_value"] for c, t in tests.items()})
+    base = baseline_parts([h["parts"] for h in past])
+    seconds = now["parts"]["seconds"]
+    if canaried:  # CPU work in the history's host speed: what the workload did, not what the host did
+        host = math.exp(now["canary_gemm_log"] - statistics.median(h["canary_gemm_log"] for h in past))
+        seconds = {k: v if k == "data" else v * host for k, v in seconds.items()}
+    try:
+        attribution = attribute(seconds, base, predict, list(tests))
+    except (KeyError, ValueError):  # the model cannot take these parts: they explain what they add up to
+        predict = None
+        attribution = attribute(seconds, base, None, list(tests))
+    explains = {r["component"]: r["explains"] for r in attribution}
+    rows = [{"component": c, "change": t["change"], "p_value": t["p_value"], "p_adjusted": adjusted[c],
+             "explains": explains.get(c, 0.0),
+             "flagged": adjusted[c] < alpha and explains.get(c, 0.0) > min_effect}
+            for c, t in tests.items()]
+    rows.sort(key=lambda r: r["p_adjusted"])
+    return {"tests": rows, "flagged": _named_first([r for r in rows if r["flagged"]]),
+            "attribution": [r for r in attribution if r["component"] != ALL],
+            "explained": explains.get(ALL, 0.0), "model": predict is not None,
+            "samples": now["parts"].get("samples"), "history_runs": len(past), "method": "closed testing, Holm"}
+
+
+def _named_first(flagged: list[dict[str, Any]]) -> list[str]:
+    """Flagged components, the one that explains most first; the whole compute yields to a layer
+    that explains at least half of what it does (the layer is where the compute moved)."""
+    order = sorted(flagged, key=lambda r: -r["explains"])
+    compute = next((r for r in order if r["component"] == "compute"), None)
+    layers = [r for r in order if r["component"].endswith(" share")]
+    if compute and layers and layers[0]["explains"] >= compute["explains"] / 2:
+        order.remove(compute)
+        order.insert(order.index(layers[0]) + 1, compute)
+    return [r["component"] for r in order]
+
+
+def line(check: dict[str, Any]) -> str:
+    """One line a person reads: "iteration +11.2% [+8.9, +13.5]: backward blocks.2 share +38%
+    explains +9.4 points; host canary -0.8%"."""
+    parts = []
+    effect, ci = check.get("effect"), check.get("effect_ci")
+    if effect is not None:
+        head = f"iteration {_pct(-effect / (1 + effect))}"  # throughput's change, as the iteration's
+        if ci:
+            lo, hi = (-c / (1 + c) for c in reversed(ci))
+            head += f" [{_pct(lo)}, {_pct(hi)}]"
+        parts.append(head)
+    comp = check.get("components") or {}
+    named = [r for r in comp.get("attribution", []) if r["component"] in comp.get("flagged", [])][:2]
+    named = named or comp.get("attribution", [])[:1]
+    said = [f"{r['component']} {_pct(r['change'])} explains {r['explains'] * 100:+.1f} points" for r in named]
+    if check.get("host_change") is not None:
+        said.append(f"host canary {_pct(check['host_change'])}")
+    return ": ".join([", ".join(parts) or "components"] + (["; ".join(said)] if said else []))
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
