@@ -7,6 +7,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infra.bounds import BUDGET_S
 from pipelines.spec import load_spec
 from pipelines.stages.measure import SMALLEST, plan_sizes
 
@@ -33,7 +34,7 @@ def test_sizes_follow_the_models_within_the_budget(params, factor, budget, rate,
     top = max(params * factor, 16 * SMALLEST)
     if plan["estimated_s"] <= budget and sizes[-1] < top:
         # cut by the budget: one more size would not fit
-        bigger = load_spec(SMOKE, {"microbench.max_size_factor": factor, "microbench.budget_s": 1e9,
+        bigger = load_spec(SMOKE, {"microbench.max_size_factor": factor, "microbench.budget_s": BUDGET_S.limit,
                                    "network.link_bandwidth": rate, "workers": workers})
         assert len(plan_sizes(params, bigger)["sizes"]) > len(sizes)
     else:
