@@ -106,7 +106,7 @@ BAD_OPTIONS = [
     (["--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "data_root: /nonexistent/cifar does not exist"),
     (["--dataset", "imagenet"], "dataset: unknown dataset 'imagenet'"),
     (["--epochs", "1", "--steps", "3"], "steps/epochs: give exactly one"),
-    (["--input-shape", "1,8,8"], "input_shape: lenet5 needs at least 16x16"),
+    (["--input-shape", "1,8,8"], "input_shape: lenet5 cannot take inputs of shape (1, 8, 8): lenet5 needs at least"),
     (["--input-shape", "3,x,1"], "expected C,H,W"),
     (["--batch-size", "-4"], "batch_size"),
     (["--lr", "0"], "lr"),
