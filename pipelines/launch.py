@@ -38,12 +38,14 @@ def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
     """A validated config whose model, dataset and shapes are known to work."""
     cfg = build_config(values, source)
     from training.datasets import check_dataset
+    from training.inject import check_where
     from training.models import check_model_name
 
     try:
         check_model_name(cfg.model)
         check_dataset(cfg)
         _check_model_builds(cfg)
+        check_where(cfg)
     except ValueError as err:
         raise ConfigError(f"{source}.{err}") from None
     return cfg

@@ -47,7 +47,7 @@ from pipelines.spec_sections import (
 from training.config import Comm, ConfigError, TrainConfig
 
 # Training options that slow a run on purpose (to test the regression alarm): not what is measured.
-INJECTED_OPTIONS = ("inject_delay_ms", "inject_busy")
+INJECTED_OPTIONS = ("inject_delay_ms", "inject_busy", "inject_where")
 
 __all__ = [
     "SPEC_VERSION", "AlgorithmSpec", "BenchSpec", "MicrobenchSpec", "NetworkSpec", "ProfileSpec", "ProviderSpec",
@@ -153,8 +153,8 @@ class BenchSpec(Section):
         """Identity of what is measured: equal hashes mean comparable runs.
 
         Left out: the regression section (how runs are judged, not what is measured) and the
-        training options `inject_delay_ms` and `inject_busy` (a slowdown injected to test the
-        alarm must be judged against the history of the spec it slows down)."""
+        training options `inject_delay_ms`, `inject_busy` and `inject_where` (a slowdown injected
+        to test the alarm must be judged against the history of the spec it slows down)."""
         doc = self.model_dump(mode="json", exclude={"regression"})
         for options in (doc["train"], *(algo["options"] for algo in doc["algorithms"])):
             for key in INJECTED_OPTIONS:

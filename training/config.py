@@ -22,6 +22,9 @@ Algorithm = StrEnum("Algorithm", ["ssgd", "asgd", "odsgd"])
 Comm = StrEnum("Comm", ["allreduce", "ps"])
 Compensation = StrEnum("Compensation", ["none", "dc"])
 Device = StrEnum("Device", ["cpu", "cuda"])
+# Where an injected slowdown is spent (training/inject.py): a component class, or one module.
+INJECT_CLASSES = ("data", "compute", "update")
+INJECT_LAYER = "layer:"
 
 # What makes a learning rate or a momentum valid, for the global optimizer and the local ones alike.
 LearningRate = Annotated[float, Field(gt=0)]
@@ -141,14 +144,30 @@ class TrainConfig(BaseModel):
         2, ge=1, le=bounds.CHECKPOINTS_KEPT.limit, description="Complete checkpoints kept on disk.")
     max_restarts: int = Field(0, ge=0, le=100, description="torchrun restarts of a failed job (resumes).")
     inject_delay_ms: float = Field(
-        0.0, ge=0, le=60000, description="Slow every iteration by this long (tests the regression alarm)."
+        0.0, ge=0, le=60000, description="Slow every iteration by this long, in the component inject_where names "
+        "(tests the regression alarm).",
     )
     inject_busy: bool = Field(
         False, description="Spend inject_delay_ms as CPU work of the rank (a slower kernel, as a code regression "
         "is) instead of a sleep, which frees the core to the other ranks.",
     )
+    inject_where: str = Field(
+        "data", description="Which component spends inject_delay_ms: data (the data phase), compute (every "
+        "layer's forward and backward, each its share of the previous iteration's measured compute, as a slower "
+        "kernel library), layer:<module> (a name of model.named_modules(), e.g. layer:features.3: half in its "
+        "forward, half in its backward) or update (the worker's update phase: the optimizer step; under a "
+        "parameter server, loading the pulled weights). All but data are CPU work, whatever inject_busy says.",
+    )
 
     _shape = field_validator("input_shape")(check_input_shape)
+
+    @field_validator("inject_where")
+    @classmethod
+    def _check_where(cls, where: str) -> str:
+        if where in INJECT_CLASSES or re.fullmatch(rf"{INJECT_LAYER}\w+(\.\w+)*", where):
+            return where
+        raise ValueError(f"expected {', '.join(INJECT_CLASSES)} or {INJECT_LAYER}<module name> (a dotted name of "
+                         f"model.named_modules(), e.g. {INJECT_LAYER}features.3), got {where!r}")
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -35,6 +35,9 @@ class Timeline:
         self.current = "start-up"  # what the rank is doing, for failure messages
         self.paused = False  # in a pause of training (an evaluation): see `pause`
         self.on_begin: Callable[[int], None] | None = None  # the rank's heartbeat (training/heartbeat.py)
+        # Work added at the end of a phase, inside it: a slowdown injected to test the regression
+        # alarm (training/inject.py).
+        self.slowdowns: dict[str, Callable[[], None]] = {}
 
     @property
     def step(self) -> int | None:
@@ -62,6 +65,8 @@ class Timeline:
         self.current = f"{name} of step {self._current['step'] if self._current else '?'}"
         start = self.now()
         yield
+        if (slowdown := self.slowdowns.get(name)) is not None:
+            slowdown()
         self.mark(name, start, self.now())
 
     @contextmanager

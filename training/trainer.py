@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training import inject
 from training.algorithms import AllreduceSSGD, make_strategy
 from training.config import TrainConfig
 from training.datasets import GlobalBatchSampler, load_dataset, native_shape
@@ -101,6 +101,8 @@ class Trainer:
         self.loss_value = float("nan")
         # Per-layer compute sampled in situ every k-th iteration (layers_insitu.json).
         self.layer_timer = LayerTimer(self.net, device, sampling_every(), cfg.measure_warmup)
+        # A known slowdown in one component, to test the regression alarm (none without a delay).
+        inject.install(cfg, self.net, timeline)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -150,8 +152,6 @@ class Trainer:
                 with tl.phase("data"):
                     x, y = self.train_set.batch(self.sampler.indices(t, self.rank))
                     x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                    if cfg.inject_delay_ms:  # a known slowdown, to test the regression alarm
-                        inject_delay(cfg.inject_delay_ms / 1e3, busy=cfg.inject_busy)
                 self.layer_timer.arm(t)
                 with tl.phase("forward"):
                     loss = F.cross_entropy(logits_of(model(x)), y)
@@ -269,14 +269,3 @@ def _open_metrics(path: Path, done: int):
     f.flush()
     return f
 
-
-def inject_delay(seconds: float, busy: bool) -> None:
-    """Slow the iteration by `seconds`: a sleep, or as much CPU time of this thread spent spinning.
-    A code regression is more work on the rank's core; where ranks share cores, a sleep instead
-    hands the core to the others, which then run faster, so the iteration slows by less."""
-    if not busy:
-        time.sleep(seconds)
-        return
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
