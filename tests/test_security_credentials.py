@@ -64,7 +64,7 @@ CREDENTIAL_KEYS = ["api_key", "apikey", "access_key", "X-Amz-Signature", "X-Amz-
                                                           max_size=40),
        place=st.sampled_from(["?{}", "?a=1&{}", "?a=1;{}", " {}"]))
 def test_every_credential_named_query_key_is_masked(key: str, value: str, place: str) -> None:
-    secret = "S" + value.replace("=", "")
+    secret = "Qv" + value.replace("=", "")  # a prefix no key holds
     text = "https://bucket.example/obj" + place.format(f"{key}={secret}") + "&b=2"
     masked = mask_secrets(text)
     assert secret not in masked and f"{key}=***" in masked, masked
