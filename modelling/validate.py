@@ -31,6 +31,12 @@ class ValidationInputError(ValueError):
 
 INSITU_FILE = "layers_insitu.json"  # training.layer_timing.INSITU_FILE, without importing torch
 
+# The fewest sampled iterations (over a configuration's repeats) a model error is reported on.
+# The in-situ table takes each layer's median share of the sampled passes: a median of 5 still
+# stands when 2 of them were cut into by other work on the host, while with 1-3 samples one such
+# pass sets the shares, and the model error would measure that pass rather than the model.
+MIN_INSITU_SAMPLES = 5
+
 
 def insitu_layers(profile: dict[str, Any], insitu: dict[str, Any]) -> dict[str, Any]:
     """The profile's table with the run's own compute: each layer's forward and backward, the
@@ -63,6 +69,23 @@ def _insitu(run: Path, profile: dict[str, Any]) -> dict[str, Any] | None:
         return insitu_layers(profile, check_layers(read_json(path, INSITU_FILE, LayersError), str(path)))
     except LayersError as err:
         raise ValidationInputError(str(err)) from None
+
+
+def insitu_samples(run: Path) -> int | None:
+    """How many sampled iterations the run's in-situ table rests on; None where it has no table,
+    or one that does not say."""
+    path = run / INSITU_FILE
+    if not path.is_file():
+        return None
+    n = read_json(path, INSITU_FILE, ValidationInputError).get("sampled_iterations")
+    return None if n is None else int(n)
+
+
+def too_few_samples(samples: int | None) -> str | None:
+    """Why a model error is not a figure, or None where its in-situ samples suffice."""
+    if samples is None or samples >= MIN_INSITU_SAMPLES:
+        return None
+    return f"rests on {samples} in-situ samples, fewer than {MIN_INSITU_SAMPLES}"
 
 
 def _find(run: Path, name: str) -> Path | None:
@@ -139,6 +162,7 @@ def validate_run(
         "error": _error(pred["iter_time_s"], measured),
         "model_predicted_iter_s": pred_own["iter_time_s"] if pred_own else None,
         "model_error": _error(pred_own["iter_time_s"], measured) if pred_own else None,
+        "model_error_samples": insitu_samples(run) if pred_own else None,
         "measured_iter_mean_s": mean,
         "error_vs_mean": _error(pred["iter_time_s"], mean),
         "predicted_compute_s": pred["compute_s"],
@@ -167,19 +191,23 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """validate_run rows (from one call or several) with their configurations and errors."""
     configs = group_repeats(runs)
     spread = {r: c["repeat_spread"] for c in configs for r in c["runs"]}
-    runs = [r | {"repeat_spread": spread[r["run"]]} for r in runs]
+    runs = [r | {"repeat_spread": spread[r["run"]], "model_error_note": too_few_samples(r.get("model_error_samples"))}
+            for r in runs]
     errors = [abs(c["error"]) for c in configs if c["error"] is not None]
-    model = [abs(c["model_error"]) for c in configs if c["model_error"] is not None]
+    # A model error on too few in-situ samples stays on its row, marked, out of the figures.
+    model = [abs(c["model_error"]) for c in configs if c["model_error"] is not None and not c["model_error_note"]]
     return {
         "runs": runs,
         "configs": configs,
         "median_abs_error": statistics.median(errors) if errors else None,
         "worst_abs_error": max(errors) if errors else None,
-        # Over the configurations whose runs timed their layers in situ.
+        # Over the configurations whose runs timed their layers in situ, on enough samples.
         "median_abs_model_error": statistics.median(model) if model else None,
         "worst_abs_model_error": max(model) if model else None,
         # Configurations with a measured row and no prediction (`no_prediction` says why).
         "configs_without_prediction": sum(c["error"] is None for c in configs),
+        # Configurations whose model error rests on fewer than MIN_INSITU_SAMPLES samples.
+        "configs_model_error_too_few_samples": sum(bool(c["model_error_note"]) for c in configs),
         "median_repeat_spread": statistics.median(c["repeat_spread"] for c in configs) if configs else None,
         "worst_repeat_spread": max(c["repeat_spread"] for c in configs) if configs else None,
     }
@@ -208,6 +236,7 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         measured = statistics.median(r["measured_iter_s"] for r in rs)
         model = _median_of_every(rs, "model_predicted_iter_s")
         times = [r["measured_iter_s"] for r in rs]
+        samples = _sum_of_every(rs, "model_error_samples") if model is not None else None
         out.append(
             {
                 **dict(zip(CONFIG_KEYS, key, strict=True)),
@@ -219,6 +248,8 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "no_prediction": next((r["no_prediction"] for r in rs if r.get("no_prediction")), None),
                 "model_predicted_iter_s": model,
                 "model_error": _error(model, measured),
+                "model_error_samples": samples,
+                "model_error_note": too_few_samples(samples),
                 "repeat_spread": max(times) / min(times) - 1,
             }
         )
@@ -230,3 +261,8 @@ def _median_of_every(rs: list[dict[str, Any]], key: str) -> float | None:
     the repeats would compare against the median of all their measurements."""
     values = [r.get(key) for r in rs]
     return statistics.median(values) if None not in values else None
+
+
+def _sum_of_every(rs: list[dict[str, Any]], key: str) -> int | None:
+    values = [r.get(key) for r in rs]
+    return sum(values) if None not in values else None

@@ -13,7 +13,7 @@ import click
 
 from pipelines.cli_common import PATH, bandwidth, fail, int_list, print_rows
 from pipelines.cli_measure import microbench, profile
-from pipelines.report_validation import ms, pct
+from pipelines.report_validation import model_error_cell, ms, pct
 
 
 @click.command("fit")
@@ -218,7 +218,7 @@ def validate(
                 ms(r["predicted_iter_s"]),
                 ms(r["measured_iter_s"]),
                 pct(r["error"]),
-                pct(r["model_error"]),
+                model_error_cell(r),
             ]
             for r in result["runs"]
         ],

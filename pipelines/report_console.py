@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipelines.report_tables import NO_BASELINE
-from pipelines.report_validation import ms, ms_interval, pct
+from pipelines.report_validation import model_error_cell, ms, ms_interval, pct
 
 FASTEST, FIRST = "*", "+"
 LEGEND = (
@@ -185,7 +185,7 @@ def validation_table(validation: dict[str, Any]) -> Table:
         lo, hi = c.get("predicted_p10_s"), c.get("predicted_p90_s")
         t.add_row(f"{c['model']}-{c['algorithm']}-{c['comm']}-w{c['workers']}", str(c["repeats"]),
                   ms(c["predicted_iter_s"]), ms_interval(lo, hi), ms(c["measured_iter_s"]),
-                  pct(c["error"]), pct(c.get("model_error")), pct(c.get("repeat_spread")))
+                  pct(c["error"]), model_error_cell(c), pct(c.get("repeat_spread")))
 
     def ab(k: str) -> str:
         v = validation.get(k)

@@ -16,6 +16,14 @@ def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
+def model_error_cell(row: dict[str, Any]) -> str:
+    """A row's model error, or "n/a (N samples)" where it rests on too few in-situ samples
+    (`model_error_note`): a figure then would look like a measurement of the model."""
+    if row.get("model_error_note"):
+        return f"n/a ({row.get('model_error_samples')} samples)"
+    return pct(row.get("model_error"))
+
+
 def ms_interval(lo: float | None, hi: float | None) -> str:
     return "-" if lo is None or hi is None else f"{ms(lo)}-{ms(hi)}"
 
@@ -41,7 +49,7 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
         md.append(
             f"| {c['model']} {c['algorithm']}-{c['comm']} w{c['workers']} b{c['batch_size']}{where} | {c['repeats']} "
             f"| {ms(c['predicted_iter_s'])} ({ms_interval(c.get('predicted_p10_s'), c.get('predicted_p90_s'))}) "
-            f"| {ms(c['measured_iter_s'])} | {pct(c['error'])} | {pct(c.get('model_error'))} "
+            f"| {ms(c['measured_iter_s'])} | {pct(c['error'])} | {model_error_cell(c)} "
             f"| {pct(c.get('repeat_spread'))} |"
         )
     v = validation
@@ -51,6 +59,9 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
         f"median |model error| {_abs(v.get('median_abs_model_error'))}, worst {_abs(v.get('worst_abs_model_error'))}; "
         f"repeat spread median {_abs(v.get('median_repeat_spread'))}, worst {_abs(v.get('worst_repeat_spread'))}.",
     ]
+    if v.get("configs_model_error_too_few_samples"):
+        md += ["", f"{v['configs_model_error_too_few_samples']} configuration(s) left out of the model error's "
+               f"median and worst: too few in-situ samples (n/a above)."]
     inputs = v.get("interval_inputs") or {}
     preds = v.get("predictions") or []
     if preds:

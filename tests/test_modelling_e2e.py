@@ -90,7 +90,9 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
     insitu = load_layers(run / "layers_insitu.json")
     assert [x["name"] for x in insitu["layers"]] == [x["name"] for x in layers["layers"]]
     assert result["median_abs_error"] == abs(r["error"])
-    assert result["median_abs_model_error"] == abs(r["model_error"])
+    # 30 steps sample 3 iterations in situ, fewer than a model error is reported on
+    assert r["model_error_samples"] == insitu["sampled_iterations"] == 3 and r["model_error_note"]
+    assert result["median_abs_model_error"] is None
 
     # The model's accuracy, on a workload whose compute is long against the host's scheduling:
     # gpt-mini, profiled by block, two runs (a second repeat gives the configuration's noise

@@ -197,7 +197,9 @@ def validate(ctx: RunContext, trained: list[dict]) -> dict:
         t.log_figure(node, plot_predicted_vs_measured(result["runs"]), "predicted_vs_measured.png")
         errors = {k: result[k] for k in _SUMMARY_KEYS}
         kinds = ("error", "model_error", "repeat_spread")
-        per_config = {f"{_config_label(c)}.{k}": c[k] for c in result["configs"] for k in kinds}
+        # A model error on too few in-situ samples is no figure (its row's note says so).
+        per_config = {f"{_config_label(c)}.{k}": c[k] for c in result["configs"] for k in kinds
+                      if not (k == "model_error" and c.get("model_error_note"))}
         t.log_metrics(node, {k: v for k, v in (errors | per_config).items() if v is not None})
         t.log_metrics(PARENT, {f"prediction_{k}": v for k, v in errors.items() if v is not None})
         return {"validation": str(path), "skipped": False, **errors}
