@@ -8,8 +8,10 @@ against its history on its own:
 - a layer's **share** of the run's compute (forward and backward of every layer): a host slower
   tonight slows every layer alike and leaves the shares where they were, so a slower layer stands
   out against its siblings whatever the host did;
-- the whole **compute** and the **update** (CPU work), relative to the host-speed canary (their
-  time times the canary's GEMM rate: the work, in the canary's units), when every run has one;
+- the whole **compute** and the **update** (CPU work): relative to the host-speed canary (their
+  time times the canary's GEMM rate: the work, in the canary's units) where the canary moved
+  tonight beyond its spread in the history (two-sided, p < host_alpha) or where the history is
+  steadier so, raw elsewhere (the canary's own noise would join them);
 - **data**, raw.
 
 The statistic is robust to the heavy tails of a shared host's runs: the history's median and its
@@ -215,7 +217,7 @@ def model_predictor(profile: dict[str, Any], comm_model: dict[str, Any], summary
 
 
 def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], alpha: float, min_effect: float,
-                     predict: Predictor | None = None) -> dict[str, Any] | None:
+                     predict: Predictor | None = None, host_alpha: float = 0.05) -> dict[str, Any] | None:
     """The component checks of one configuration: `now` and `history` are run-level figures
     (regression_stats.run_level) carrying `parts`; None where tonight has none or fewer than
     MIN_RUNS history runs do. Tests every component (Holm over them), flags those that moved and
@@ -223,24 +225,37 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     past = [h for h in history if h.get("parts")]
     if not now or not now.get("parts") or len(past) < MIN_RUNS:
         return None
-    canaried = now.get("canary_gemm_log") is not None and all(h.get("canary_gemm_log") is not None for h in past)
-    fig_now = figures(now["parts"], now["canary_gemm_log"] if canaried else None)
-    fig_hist = [figures(h["parts"], h["canary_gemm_log"] if canaried else None) for h in past]
-    tests = {c: robust_test(v, [f[c] for f in fig_hist]) for c, v in fig_now.items()
-             if sum(c in f for f in fig_hist) == len(fig_hist)}
+    has_canary = now.get("canary_gemm_log") is not None and all(h.get("canary_gemm_log") is not None for h in past)
+    raw_now, raw_hist = figures(now["parts"], None), [figures(h["parts"], None) for h in past]
+    tests = {c: robust_test(v, [f[c] for f in raw_hist]) | {"basis": "raw"} for c, v in raw_now.items()
+             if all(c in f for f in raw_hist)}
+    moved = False
+    if has_canary:
+        host = robust_test(now["canary_gemm_log"], [h["canary_gemm_log"] for h in past])
+        moved = 2 * min(host["p_value"], 1 - host["p_value"]) < host_alpha
+        rel_now = figures(now["parts"], now["canary_gemm_log"])
+        rel_hist = [figures(h["parts"], h["canary_gemm_log"]) for h in past]
+        # The CPU work relative to the canary where the host moved tonight beyond its spread (the
+        # host's change is no regression), and where the history says dividing by the canary
+        # steadies it; raw elsewhere (the canary's own noise would join it). Chosen from the
+        # history alone, so the test stays a test at alpha.
+        for c in ("compute", "update"):
+            if c in tests and (moved or biweight_sd([f[c] for f in rel_hist]) < biweight_sd([f[c] for f in raw_hist])):
+                tests[c] = robust_test(rel_now[c], [f[c] for f in rel_hist]) | {"basis": "canary"}
     adjusted = gatekept({c: t["p_value"] for c, t in tests.items()})
     base = baseline_parts([h["parts"] for h in past])
     seconds = now["parts"]["seconds"]
-    if canaried:  # CPU work in the history's host speed: what the workload did, not what the host did
-        host = math.exp(now["canary_gemm_log"] - statistics.median(h["canary_gemm_log"] for h in past))
-        seconds = {k: v if k == "data" else v * host for k, v in seconds.items()}
+    if moved:  # CPU work in the history's host speed: what the workload did, not what the host did
+        speed = math.exp(now["canary_gemm_log"] - statistics.median(h["canary_gemm_log"] for h in past))
+        seconds = {k: v if k == "data" else v * speed for k, v in seconds.items()}
     try:
         attribution = attribute(seconds, base, predict, list(tests))
     except (KeyError, ValueError):  # the model cannot take these parts: they explain what they add up to
         predict = None
         attribution = attribute(seconds, base, None, list(tests))
     explains = {r["component"]: r["explains"] for r in attribution}
-    rows = [{"component": c, "change": t["change"], "p_value": t["p_value"], "p_adjusted": adjusted[c],
+    rows = [{"component": c, "basis": t["basis"], "change": t["change"], "p_value": t["p_value"],
+             "p_adjusted": adjusted[c],
              "explains": explains.get(c, 0.0),
              "flagged": adjusted[c] < alpha and explains.get(c, 0.0) > min_effect}
             for c, t in tests.items()]
@@ -248,6 +263,7 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     return {"tests": rows, "flagged": _named_first([r for r in rows if r["flagged"]]),
             "attribution": [r for r in attribution if r["component"] != ALL],
             "explained": explains.get(ALL, 0.0), "model": predict is not None,
+            "host_moved": moved,
             "samples": now["parts"].get("samples"), "history_runs": len(past), "method": "closed testing, Holm"}
 
 

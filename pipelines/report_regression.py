@@ -223,7 +223,7 @@ def regression_check(
             continue
         res = check_runs(now, [r for _, r in past], spec)
         parts = rc.check_components(now, [r for _, r in past], spec.alpha, spec.min_effect,
-                                    predictors.get(row["config"]))
+                                    predictors.get(row["config"]), spec.host_alpha)
         flagged = bool(parts and parts["flagged"])
         out["checks"].append(
             {

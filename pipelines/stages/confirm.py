@@ -76,7 +76,7 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
         res = check_rerun(now, past, spec.regression)
         # A component's alarm is confirmed by the rerun's components at the rerun's looser alpha.
         r = spec.regression
-        parts = check_components(now, past, max(r.alpha, r.confirm_alpha), r.min_effect)
+        parts = check_components(now, past, max(r.alpha, r.confirm_alpha), r.min_effect, host_alpha=r.host_alpha)
         confirmed = res["regressed"] or bool(parts and parts["flagged"])
         t.log_metrics(node, {"p_value": res["p_value"], "change": res["effect"]})
         t.set_tags(node, {"ddlbench.confirmed": str(confirmed).lower()})
