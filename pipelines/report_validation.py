@@ -24,6 +24,18 @@ def model_error_cell(row: dict[str, Any]) -> str:
     return pct(row.get("model_error"))
 
 
+def calibrated_cell(row: dict[str, Any]) -> str:
+    """The 80% interval with what it rests on: the hardware's earlier configurations, or the
+    inputs' spread and the stated accuracy; and the domain, where the row lies outside it."""
+    lo, hi = row.get("interval_low_s"), row.get("interval_high_s")
+    if row.get("interval_kind") is None:
+        return "-"
+    how = (f"calibrated on {row.get('calibration_runs')}" if row["interval_kind"] == "calibrated"
+           else "inputs")
+    out = f"{ms_interval(lo, hi)} ({how})"
+    return out if row.get("domain") in (None, "validated") else f"{out}, widened: {row['domain']}"
+
+
 def ms_interval(lo: float | None, hi: float | None) -> str:
     return "-" if lo is None or hi is None else f"{ms(lo)}-{ms(hi)}"
 
@@ -40,16 +52,20 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
         "gets wrong. Repeat spread: max/min - 1 of the repeats' measured iteration, the noise floor under "
         "which an error means nothing.",
         "",
-        "| configuration | repeats | predicted ms (p10-p90) | measured ms | end-to-end error | model error "
-        "| repeat spread |",
-        "|---|---|---|---|---|---|---|",
+        "80% interval: the model's own error on this hardware's earlier configurations (split "
+        "conformal), widened to hold p10-p90; with too short a history, p10-p90 widened by the "
+        "model's stated accuracy ('inputs').",
+        "",
+        "| configuration | repeats | predicted ms (p10-p90) | 80% interval ms | measured ms | end-to-end error "
+        "| model error | repeat spread |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in validation["configs"]:
         where = "" if c.get("placement") in (None, "one host") else f" ({c['placement']})"
         md.append(
             f"| {c['model']} {c['algorithm']}-{c['comm']} w{c['workers']} b{c['batch_size']}{where} | {c['repeats']} "
             f"| {ms(c['predicted_iter_s'])} ({ms_interval(c.get('predicted_p10_s'), c.get('predicted_p90_s'))}) "
-            f"| {ms(c['measured_iter_s'])} | {pct(c['error'])} | {model_error_cell(c)} "
+            f"| {calibrated_cell(c)} | {ms(c['measured_iter_s'])} | {pct(c['error'])} | {model_error_cell(c)} "
             f"| {pct(c.get('repeat_spread'))} |"
         )
     v = validation
@@ -72,13 +88,13 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
             f"p10-p90 of the predictions re-made from each of the {inputs.get('profile_rounds', '?')} profile "
             f"rounds with each of the {inputs.get('microbench_rounds', '?')} microbenchmark rounds.",
             "",
-            "| workload | algorithm | workers | link | iter ms | p10-p90 ms | what-if |",
-            "|---|---|---|---|---|---|---|",
+            "| workload | algorithm | workers | link | iter ms | p10-p90 ms | 80% interval ms | what-if |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         md += [
             f"| {p['workload']} b{p['batch_size']} | {p['algorithm']} | {p['workers']} | {p['link_bandwidth']} "
             f"| {ms(p['iter_time_s'])} | {ms_interval(p.get('iter_time_p10_s'), p.get('iter_time_p90_s'))} "
-            f"| {'yes' if p.get('what_if') else ''} |"
+            f"| {calibrated_cell(p)} | {'yes' if p.get('what_if') else ''} |"
             for p in preds
         ]
     return md

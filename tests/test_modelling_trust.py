@@ -1,11 +1,14 @@
 """How far to trust a prediction (docs/model-accuracy.md): a model error says how many in-situ
-samples it rests on, and is no figure below the minimum."""
+samples it rests on, and is no figure below the minimum; an interval is calibrated by the
+model's own error on the hardware's earlier validations, and widened outside its domain."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+
+import pytest
 
 from modelling.fit import fit_comm, load_comm
 from modelling.validate import MIN_INSITU_SAMPLES, validate_runs
@@ -68,3 +71,114 @@ def test_a_run_without_an_insitu_table_has_no_model_error_and_no_note(tmp_path) 
     model = fit_comm(load_comm(GRID / "comm.json"), link_bytes_per_s=link_rate(GRID))
     [c] = validate_runs([run], comm_model=model)["configs"]
     assert c["model_error"] is None and c["model_error_samples"] is None and c["model_error_note"] is None
+
+
+# --- calibrated intervals (modelling/calibration.py) ---------------------------------------------
+
+def _recorded_pairs() -> list[dict[str, float]]:
+    """Every trained configuration of the recorded grids: its end-to-end prediction as recorded
+    and its measured iteration (real runs, tests/fixtures/grids/*/expected.json)."""
+    pairs = []
+    for path in sorted(GRIDS.glob("*/expected.json")):
+        expected = json.loads(path.read_text())
+        for name, measured in expected["measured"].items():
+            pairs.append({"predicted_iter_s": expected["predicted"][name]["iter_time_s"], "measured_iter_s": measured})
+    return pairs
+
+
+def test_calibrated_intervals_cover_held_out_recorded_configurations() -> None:
+    """Hold out each recorded configuration, calibrate on the rest: the 80% intervals cover
+    70-90% of the held-out ones. On n scores with no ties, leave-one-out coverage of split
+    conformal is ceil(n * 0.8) / n by construction (7/8 here); the test holds the mechanism (the
+    score, the quantile's index, the interval around the point) to it on real pairs."""
+    from modelling.calibration import interval, scores
+
+    pairs = _recorded_pairs()
+    assert len(pairs) == 8
+    covered = []
+    for i, held in enumerate(pairs):
+        rest = scores(pairs[:i] + pairs[i + 1:])
+        band = interval(held["predicted_iter_s"], None, None, rest)
+        assert band["interval_kind"] == "calibrated" and band["calibration_runs"] == 7
+        covered.append(band["interval_low_s"] <= held["measured_iter_s"] <= band["interval_high_s"])
+    assert 0.7 <= sum(covered) / len(covered) <= 0.9, covered
+
+
+def test_the_conformal_quantile_its_minimum_and_the_stated_default() -> None:
+    import math
+
+    from modelling.calibration import MIN_CALIBRATION, STATED_ACCURACY, conformal_quantile, interval
+
+    assert conformal_quantile([0.1, 0.2, 0.3, 0.4]) is None  # under MIN_CALIBRATION
+    assert MIN_CALIBRATION == 5 and conformal_quantile([0.5, 0.1, 0.3, 0.2, 0.4]) == 0.5  # ceil(4.8) = 5th
+    nine = [i / 10 for i in range(1, 10)]
+    assert conformal_quantile(nine) == 0.8  # ceil(10 * 0.8) = 8th of 9
+    # calibrated: point * exp(+-q), widened to hold the inputs' interval
+    band = interval(1.0, 0.3, 1.1, nine)
+    assert band["interval_low_s"] == 0.3 and band["interval_high_s"] == math.exp(0.8)
+    assert (band["interval_kind"], band["calibration_runs"], band["domain"]) == ("calibrated", 9, "validated")
+    # too short a history: the inputs' interval widened by the stated accuracy
+    short = interval(1.0, 0.95, 1.2, [0.3] * 4)
+    assert (short["interval_kind"], short["calibration_runs"]) == ("inputs", 0)
+    assert short["interval_low_s"] == 1 / (1 + STATED_ACCURACY) and short["interval_high_s"] == 1.2
+    # no prediction: no interval, and still which kind it would have been
+    none = interval(None, None, None, nine)
+    assert none["interval_low_s"] is None and none["interval_kind"] == "calibrated"
+
+
+def test_outside_the_domain_the_interval_is_widened() -> None:
+    from modelling.calibration import DOMAIN_FLOOR_S, SHORT_AND_CROWDED, domain, interval
+
+    assert domain(0.01, ranks=3, cores=2) == SHORT_AND_CROWDED
+    assert domain(0.01, ranks=2, cores=2) == "validated"  # ranks fit the cores
+    assert domain(DOMAIN_FLOOR_S, ranks=3, cores=2) == "validated"
+    assert domain(0.01, ranks=3, cores=None) == "validated"  # cores not recorded: nothing to say
+    inside = interval(1.0, None, None, [])
+    outside = interval(1.0, None, None, [], SHORT_AND_CROWDED)
+    assert outside["domain"] == SHORT_AND_CROWDED
+    assert outside["interval_high_s"] == pytest.approx(inside["interval_high_s"] ** 2)
+    assert outside["interval_low_s"] == pytest.approx(inside["interval_low_s"] ** 2)
+
+
+def test_the_validation_history_is_read_from_earlier_validate_runs() -> None:
+    from types import SimpleNamespace
+
+    from pipelines.stages.calibration import history_scores, validation_history
+
+    configs = {"a": _recorded_pairs()[:4], "b": _recorded_pairs()[4:], "injected": _recorded_pairs()}
+    parents = {"a": "0", "b": None, "injected": "20"}
+
+    class Client:
+        def search_runs(self, _exp, filter_string, order_by, max_results):
+            assert "'cpu-local'" in filter_string and "'validate'" in filter_string and "FINISHED" in filter_string
+            return [SimpleNamespace(info=SimpleNamespace(run_id=k), data=SimpleNamespace(
+                tags={"mlflow.parentRunId": f"p-{k}"})) for k in configs]
+
+        def get_run(self, run_id):
+            delay = parents[run_id.removeprefix("p-")]
+            tags = {} if delay is None else {"ddlbench.inject_delay_ms": delay}
+            return SimpleNamespace(data=SimpleNamespace(tags=tags))
+
+        def download_artifacts(self, run_id, path, dst):
+            out = Path(dst) / run_id / path
+            out.parent.mkdir(parents=True)
+            out.write_text(json.dumps({"configs": configs[run_id]}))
+            return str(out)
+
+    tracker = SimpleNamespace(online=True, client=Client(), experiment_id=lambda: "1")
+    rows = validation_history(tracker, "cpu-local")
+    assert rows == configs["a"] + configs["b"]  # the injected run is no measurement of the hardware
+    assert len(history_scores(tracker, "cpu-local")) == 8
+    assert validation_history(SimpleNamespace(online=False), "cpu-local") == []
+
+
+def test_the_report_says_which_interval_a_row_has() -> None:
+    from pipelines.report_validation import calibrated_cell
+
+    row = {"interval_low_s": 0.01, "interval_high_s": 0.02, "interval_kind": "calibrated", "calibration_runs": 12,
+           "domain": "validated"}
+    assert calibrated_cell(row) == "10.00-20.00 (calibrated on 12)"
+    assert calibrated_cell(row | {"interval_kind": "inputs", "calibration_runs": 0}) == "10.00-20.00 (inputs)"
+    assert calibrated_cell(row | {"domain": "ms-scale iteration with more ranks than cores"}).endswith(
+        "widened: ms-scale iteration with more ranks than cores")
+    assert calibrated_cell({}) == "-"

@@ -72,8 +72,11 @@ def _pairs(tables: list[dict[str, Any]], models: list[dict[str, Any]]) -> list[t
     return list(itertools.product(tables, models))
 
 
-def validation_intervals(ctx: RunContext, result: dict[str, Any]) -> None:
-    """predicted_p10_s / predicted_p90_s on every run and configuration row of a validation."""
+def validation_intervals(ctx: RunContext, result: dict[str, Any], history: list[float] | None = None,
+                         cores: int | None = None) -> None:
+    """predicted_p10_s / predicted_p90_s on every run and configuration row of a validation, and
+    beside them the calibrated interval (modelling/calibration.py) on the history's scores."""
+    from modelling.calibration import domain, interval
     from modelling.fit import CommModelError
     from modelling.predict import predict
     from modelling.scenario import Scenario
@@ -103,13 +106,18 @@ def validation_intervals(ctx: RunContext, result: dict[str, Any]) -> None:
         highs = [by_run[r][1] for r in c["runs"] if by_run.get(r, (None, None))[1] is not None]
         c["predicted_p10_s"] = float(np.median(lows)) if lows else None
         c["predicted_p90_s"] = float(np.median(highs)) if highs else None
+    for row in (*result["runs"], *result["configs"]):
+        where = domain(row["predicted_iter_s"], row["workers"] + (row.get("servers") or 0), cores)
+        row |= interval(row["predicted_iter_s"], row["predicted_p10_s"], row["predicted_p90_s"], history, where)
     result["interval_inputs"] = {"profile_rounds": max((len(v) for v in tables.values()), default=0),
                                  "microbench_rounds": len(models)}
 
 
-def prediction_intervals(ctx: RunContext) -> list[dict[str, Any]]:
+def prediction_intervals(ctx: RunContext, history: list[float] | None = None) -> list[dict[str, Any]]:
     """Every prediction of the predict stage (the grid's and the what-if world sizes and rates)
-    with its p10-p90 over the rounds' inputs, in predictions.json's order."""
+    with its p10-p90 over the rounds' inputs, in predictions.json's order, and the calibrated
+    interval on the history's scores widened to hold it."""
+    from modelling.calibration import interval
     from modelling.fit import CommModelError
     from pipelines.stages.model import _predictions
 
@@ -128,9 +136,11 @@ def prediction_intervals(ctx: RunContext) -> list[dict[str, Any]]:
     out = []
     for n, row in enumerate(rows):
         if row.get("iter_time_s") is None:  # a no-prediction row (its reason says why): no interval
-            out.append({**row, "iter_time_p10_s": None, "iter_time_p90_s": None})
+            out.append({**row, "iter_time_p10_s": None, "iter_time_p90_s": None,
+                        **interval(None, None, None, history, row.get("domain", "validated"))})
             continue
         values = [r[n]["iter_time_s"] for r in redone if len(r) == len(rows) and r[n].get("iter_time_s") is not None]
         lo, hi = around(values, row["iter_time_s"])
-        out.append({**row, "iter_time_p10_s": lo, "iter_time_p90_s": hi})
+        out.append({**row, "iter_time_p10_s": lo, "iter_time_p90_s": hi,
+                    **interval(row["iter_time_s"], lo, hi, history, row.get("domain", "validated"))})
     return out

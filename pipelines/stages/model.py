@@ -46,9 +46,12 @@ def fit(ctx: RunContext) -> dict:
 
 def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> list[dict[str, Any]]:
     """Every algorithm at the grid's and the what-if world sizes, at the measured and what-if rates."""
+    from modelling.calibration import domain
+    from modelling.predict import cores_of
     from modelling.predict import predict as predict_model
     from modelling.scenario import Scenario
 
+    cores = cores_of(model)
     sizes = sorted(set(spec.workers) | set(spec.what_if.workers))
     placed = _placements(spec, sizes)
     rates = [(spec.network.link_bandwidth, spec.network.bytes_per_s)]
@@ -86,6 +89,7 @@ def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> li
                                 # Why the model gave no figures (DESIGN §3), or what it assumed.
                                 "no_prediction": p.get("no_prediction"),
                                 "note": p.get("note"),
+                                "domain": domain(p["iter_time_s"], scenario.ranks, cores),
                             }
                         )
     return rows
@@ -115,7 +119,14 @@ def predict(ctx: RunContext) -> dict:
         layers_by, model = load_inputs(ctx)
         if not layers_by or model is None:
             return {"predictions": None, "skipped": True}
-        rows = _predictions(spec, layers_by, model)
+        from modelling.calibration import interval
+        from pipelines.stages.calibration import history_scores
+
+        # The model's own error on this hardware, as its earlier validations measured it; the
+        # inputs' spread joins it in the validate stage (validation.json's `predictions`).
+        history = history_scores(t, ctx.hardware)
+        rows = [r | interval(r["iter_time_s"], None, None, history, r["domain"])
+                for r in _predictions(spec, layers_by, model)]
         path = write_json(ctx.paths.predictions, rows)
         t.log_artifact(node, path)
         t.log_table(node, columns(rows), "predictions_table.json")
@@ -184,10 +195,14 @@ def validate(ctx: RunContext, trained: list[dict]) -> dict:
                         return _skipped(reason=str(err))
                     runs += [{**r, "run": Path(str(r["run"])).name} for r in res["runs"]]
         result = summarise(runs)  # repeats of a configuration count once, as their median (DESIGN §4)
+        from modelling.predict import cores_of
+        from pipelines.stages.calibration import history_scores
         from pipelines.stages.interval import prediction_intervals, validation_intervals
 
-        validation_intervals(ctx, result)
-        result["predictions"] = prediction_intervals(ctx)  # the what-if sizes too, with their p10-p90
+        history = history_scores(t, ctx.hardware)  # earlier validations only: this one is not FINISHED
+        validation_intervals(ctx, result, history, cores_of(model))
+        result["predictions"] = prediction_intervals(ctx, history)  # the what-if sizes too, with their p10-p90
+        result["calibration_history"] = len(history)
         path = write_json(ctx.paths.validation, result)
         t.log_artifact(node, path)
         cols = ("run", "predicted_iter_s", "measured_iter_s", "error", "model_error", "repeat_spread")
