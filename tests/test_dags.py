@@ -492,7 +492,7 @@ def test_training_task_killed_by_airflow_timeout_leaves_nothing_behind(airflow_h
     smoke = load_spec(SMOKE)
     overrides = {"workloads": [smoke.workloads[0].model_dump(mode="json", exclude_none=True)],
                  "algorithms": [{"name": "odsgd"}], "workers": [2], "batch_sizes": [smoke.batch_sizes[0]],
-                 "repeats": 1, "steps": 10**7, "epochs": None, "train_timeout_s": 3600}
+                 "repeats": 1, "steps": 10**6, "epochs": None, "train_timeout_s": 3600}
 
     def short_timeout(dag: Any) -> None:
         train = dag.get_task("train")

@@ -174,7 +174,7 @@ def test_a_bad_trigger_that_passes_the_form_fails_in_start_naming_the_field_and_
 def test_a_training_task_killed_by_its_execution_timeout_fails_the_run_and_leaves_nothing(
         airflow: AirflowServices, tmp_path: Path) -> None:
     home = tmp_path / "home"
-    overrides = {"algorithms": [{"name": "odsgd"}], "steps": 10**7, "epochs": None, "train_timeout_s": 3600,
+    overrides = {"algorithms": [{"name": "odsgd"}], "steps": 10**6, "epochs": None, "train_timeout_s": 3600,
                  "microbench.enabled": False, "profile.enabled": False}
     run, tis, _, wall = _run(airflow, "ddlbench_nightly", {"spec_path": str(SMOKE), "overrides": overrides}, home)
     states = _states(tis)
@@ -200,7 +200,7 @@ def test_sigkill_of_a_task_process_running_train_leaves_no_process_and_no_runnin
     """The task process itself killed outright (an OOM kill): its torchrun agent and ranks die
     with it within 10 s; Airflow fails the task, and `finish` ends its MLflow run FAILED."""
     home = tmp_path / "home"
-    overrides = {"algorithms": [{"name": "ssgd"}], "steps": 10**7, "epochs": None, "train_timeout_s": 3600,
+    overrides = {"algorithms": [{"name": "ssgd"}], "steps": 10**6, "epochs": None, "train_timeout_s": 3600,
                  "microbench.enabled": False, "profile.enabled": False}
     r = airflow.trigger("ddlbench_nightly", {"spec_path": str(SMOKE), "overrides": overrides, "home": str(home)})
     assert r.status_code == 200, r.text
