@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from infra import bounds
+
 PATH = click.Path(path_type=Path)
 
 
@@ -30,6 +32,10 @@ def int_list(_ctx, param, value: str) -> list[int]:
         ) from None
     if not out or min(out) < 1:
         raise click.BadParameter(f"every value must be a positive integer, got {value!r}", param=param)
+    # World sizes to predict: each within the what-if bound, a bounded number of them (infra/bounds.py).
+    if len(out) > bounds.WHAT_IF_ENTRIES.limit or max(out) > bounds.PREDICTED_WORKERS.limit:
+        raise click.BadParameter(f"at most {bounds.WHAT_IF_ENTRIES.limit} sizes of at most "
+                                 f"{bounds.PREDICTED_WORKERS.limit:,} ({bounds.PREDICTED_WORKERS.reason})", param=param)
     return out
 
 

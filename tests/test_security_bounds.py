@@ -193,3 +193,15 @@ def test_the_docs_bounds_table_is_the_codes() -> None:
     assert set(rows) == set(code)
     for name, b in code.items():
         assert rows[name] == (f"{b.limit:,}" if isinstance(b.limit, int) else f"{b.limit:,.0f}", b.reason), name
+
+
+def test_ddlbench_predict_bounds_its_world_sizes() -> None:
+    from click.testing import CliRunner
+
+    from pipelines.cli import cli
+
+    grid = REPO / "tests" / "fixtures" / "grids" / "onehost"
+    for sizes in ("1000000000000", ",".join(["2"] * 65)):
+        result = CliRunner().invoke(cli, ["predict", "--layers", str(grid / "layers.json"), "--comm",
+                                          str(grid / "comm.json"), "--algorithm", "ssgd", "--workers", sizes])
+        assert result.exit_code == 2 and "'--workers': at most 64 sizes of at most 65,536" in result.output
