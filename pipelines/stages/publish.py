@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.context import RunContext
+from pipelines.regression_components import line as rc_line
 from pipelines.regression_stats import config_figures
 from pipelines.stages.confirm import apply_confirmations
 from pipelines.stages.model import trained_dirs
@@ -57,6 +58,10 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
             if c["p_value"] is not None:
                 figure = f"{c['config']}.{c['figure']}"
                 t.log_metrics(node, {f"{figure}.regression_p_value": c["p_value"], f"{figure}.change": c["change"]})
+            if c.get("attribution"):  # what each component explains of the iteration, as report.json has it
+                t.log_metrics(node, {f"{c['config']}.explains.{r['component'].replace(' ', '_')}": r["explains"]
+                                     for r in c["attribution"]})
+                t.set_tags(node, {f"ddlbench.attribution.{c['config']}": rc_line(c)[:5000]})
         return {
             "report_md": str(md),
             "regressions": check["regressions"],
