@@ -123,7 +123,7 @@ def test_a_profiling_rank_that_dies_fails_the_profile_at_once_naming_it(tmp_path
     killer = threading.Thread(target=kill_contender, daemon=True)
     killer.start()
     with pytest.raises(ProfileFailed, match=r"rank 1 exited with -9 \(SIGKILL\)"):
-        profile_layers("lenet5", 16, dataset="digits", processes=2, warmup=2, repeats=100000, out_dir=out,
+        profile_layers("lenet5", 16, dataset="digits", processes=2, warmup=2, repeats=10_000, out_dir=out,
                        timeout_s=600)
     killer.join()
     assert killed, "the contender was never killed"
