@@ -43,6 +43,8 @@ from typing import Any
 
 from scipy import stats
 
+from modelling.validate import MIN_INSITU_SAMPLES
+
 INSITU_FILE = "layers_insitu.json"  # training.layer_timing.INSITU_FILE, without importing torch
 MAD_SD = 1.4826  # the MAD of a normal sample times this is its SD
 BIWEIGHT_EFFICIENCY = 0.87  # the biweight's variance is the SD's from this fraction of the values
@@ -222,8 +224,11 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     (regression_stats.run_level) carrying `parts`; None where tonight has none or fewer than
     MIN_RUNS history runs do. Tests every component (Holm over them), flags those that moved and
     explain more than min_effect, and attributes the iteration's change to the components."""
-    past = [h for h in history if h.get("parts")]
-    if not now or not now.get("parts") or len(past) < MIN_RUNS:
+    # Parts that rest on too few in-situ samples (one interrupted pass sets a layer's share) are
+    # no figure to test, as validation leaves such a model error out.
+    past = [h for h in history if h.get("parts") and h["parts"].get("samples", 0) >= MIN_INSITU_SAMPLES]
+    if not now or not now.get("parts") or now["parts"].get("samples", 0) < MIN_INSITU_SAMPLES \
+            or len(past) < MIN_RUNS:
         return None
     has_canary = now.get("canary_gemm_log") is not None and all(h.get("canary_gemm_log") is not None for h in past)
     raw_now, raw_hist = figures(now["parts"], None), [figures(h["parts"], None) for h in past]

@@ -132,3 +132,14 @@ def test_the_line_names_the_component_and_what_it_explains() -> None:
                  {"component": "data", "change": 0.01, "explains": 0.001}]}}
     assert rc.line(check) == ("iteration +11.1% [+8.7%, +13.6%]: backward blocks.2 share +38.0% explains "
                               "+9.4 points; host canary -0.8%")
+
+
+def test_parts_on_too_few_insitu_samples_are_not_tested() -> None:
+    """Tonight's parts from 4 sampled iterations (fewer than validation's minimum) are no figure."""
+    rng = random.Random(5)
+    work = _workload(rng, 3)
+    history = [_run(rng, work, 1.0) for _ in range(10)]
+    now = _run(rng, work, 1.0, {"update": 3.0})
+    assert rc.check_components(now, history, 0.01, 0.05) is not None
+    now["parts"]["samples"] = 4
+    assert rc.check_components(now, history, 0.01, 0.05) is None
