@@ -43,9 +43,8 @@ from typing import Any
 
 from scipy import stats
 
-from modelling.validate import MIN_INSITU_SAMPLES
+from modelling.validate import INSITU_FILE, MIN_INSITU_SAMPLES
 
-INSITU_FILE = "layers_insitu.json"  # training.layer_timing.INSITU_FILE, without importing torch
 MAD_SD = 1.4826  # the MAD of a normal sample times this is its SD
 BIWEIGHT_EFFICIENCY = 0.87  # the biweight's variance is the SD's from this fraction of the values
 # Fewer history runs than this carry a component: it is not tested (its spread is unknown).
