@@ -264,23 +264,33 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
              "flagged": adjusted[c] < alpha and explains.get(c, 0.0) > min_effect}
             for c, t in tests.items()]
     rows.sort(key=lambda r: r["p_adjusted"])
-    return {"tests": rows, "flagged": _named_first([r for r in rows if r["flagged"]]),
+    return {"tests": rows, "flagged": _named_first(rows),
             "attribution": [r for r in attribution if r["component"] != ALL],
             "explained": explains.get(ALL, 0.0), "model": predict is not None,
             "host_moved": moved,
             "samples": now["parts"].get("samples"), "history_runs": len(past), "method": "closed testing, Holm"}
 
 
-def _named_first(flagged: list[dict[str, Any]]) -> list[str]:
-    """Flagged components, the one that explains most first; the whole compute yields to a layer
-    that explains at least half of what it does (the layer is where the compute moved)."""
-    order = sorted(flagged, key=lambda r: -r["explains"])
+def _named_first(rows: list[dict[str, Any]]) -> list[str]:
+    """The flagged components, the one that explains most first. The whole compute yields to the
+    flagged layer shares where their layers (forward and backward, flagged or not: a slower layer
+    moves both, each a part of the compute's change) explain at least half of what it does: the
+    compute moved because those layers did."""
+    order = sorted((r for r in rows if r["flagged"]), key=lambda r: -r["explains"])
     compute = next((r for r in order if r["component"] == "compute"), None)
     layers = [r for r in order if r["component"].endswith(" share")]
-    if compute and layers and layers[0]["explains"] >= compute["explains"] / 2:
+    names = {_layer_of(r["component"]) for r in layers}
+    theirs = sum(r["explains"] for r in rows
+                 if r["component"].endswith(" share") and _layer_of(r["component"]) in names)
+    if compute and layers and theirs >= compute["explains"] / 2:
         order.remove(compute)
-        order.insert(order.index(layers[0]) + 1, compute)
+        order.insert(order.index(layers[-1]) + 1, compute)
     return [r["component"] for r in order]
+
+
+def _layer_of(share: str) -> str:
+    """The layer a share names: "backward blocks.2 share" -> "blocks.2"."""
+    return share.removesuffix(" share").split(" ", 1)[1]
 
 
 def line(check: dict[str, Any]) -> str:
