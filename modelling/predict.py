@@ -231,7 +231,7 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
     iter_time = sum(periods[o] * m for o, m in plan.multiplicity.items()) / total
     batch = s.batch_size or layers["batch_size"]
     throughput = sum(m * batch / periods[o] for o, m in plan.multiplicity.items() if periods[o] > 0)
-    host_bound = host_cpu_bound(costs, s, host_cores)
+    host_bound = host_cpu_bound(costs, s, host_cores, insitu=layers.get("source") == "in situ")
     if host_bound > iter_time:  # the host's cores, not any one rank's tasks, set the pace
         throughput *= iter_time / host_bound
         iter_time = host_bound
@@ -278,7 +278,7 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
     }
 
 
-def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
+def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None, insitu: bool = False) -> float:
     """Where every rank shares one host (loopback, or an emulated cluster's nodes), an
     iteration cannot take less than the CPU time all ranks spend in it over the cores they
     can use; each rank runs on one core at a time. Communication's part: on loopback, its
@@ -286,12 +286,17 @@ def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None) -> float:
     busy (into and out of the socket), a ring allreduce's every rank's. On an emulated
     cluster's nodes, where the DAG's transfers hold links, not CPUs, the host's CPU time that
     the microbenchmark measured for one allreduce or ps round (ranks and kernel alike: the
-    veth links' network stack runs on the same cores). 0 when neither applies."""
+    veth links' network stack runs on the same cores). 0 when neither applies.
+
+    Compute timed in situ (`insitu`) is wall time under the run's own sharing of the cores: its
+    ranks computed at no less than cores/ranks of their speed, so the CPU work it holds is at
+    least that fraction of its time, which the bound counts (it stays a lower bound)."""
     ps = s.comm == Comm.ps
     fab = Fabric(c, s.workers, s.servers if ps else 0)
     if not host_cores or not fab.on_one_host():
         return 0.0
-    per_worker = sum(c.fwd) + sum(c.bwd) + c.data_s
+    timed_share = min(1.0, host_cores / s.ranks) if insitu else 1.0
+    per_worker = (sum(c.fwd) + sum(c.bwd) + c.data_s) * timed_share
     if ps or s.workers > 1:  # one allreduce worker has nothing to copy
         per_worker += c.unpack_s
         per_worker += c.pack_s if (ps or not s.overlap) else 0.0  # DDP fills buckets in backward

@@ -326,6 +326,20 @@ def test_on_loopback_the_host_cores_bound_the_iteration() -> None:
     assert link["iter_time_s"] < bound
 
 
+def test_compute_timed_in_situ_is_not_shared_among_the_cores_again() -> None:
+    # The same 4 workers and shard, their compute timed in the run itself (5 ranks on 2 cores):
+    # each layer's time already holds the sharing, so no task is stretched again, and the bound
+    # counts the least work it holds (2/5 of it, every rank computing at once).
+    table = layer_table([1e-3], [2e-3], [4_000_000], data=1e-4, update=1e-3, pack=2e-4, unpack=3e-4, server_update=2e-3)
+    [r] = predict(table | {"source": "in situ"}, LOOPBACK, algorithm="ssgd", comm_mode="ps", workers=[4], servers=1)
+    assert r["compute_s"] == pytest.approx(1e-4 + 3e-3 + 2e-4 + 3e-4)  # data, forward + backward, pack, unpack
+    per_worker = (1e-4 + 3e-3) * 2 / 5 + 2e-4 + 3e-4  # pack and unpack are the profile's, at full speed
+    bound = (4 * per_worker + 2 * 2 * 4 * 4_000_000 * BETA + 2e-3 + 3 * 1e-4) / 2
+    assert r["host_cpu_bound_s"] == pytest.approx(bound)
+    [profiled] = predict(table, LOOPBACK, algorithm="ssgd", comm_mode="ps", workers=[4], servers=1)
+    assert r["host_cpu_bound_s"] < profiled["host_cpu_bound_s"]
+
+
 def test_on_loopback_one_worker_is_its_compute() -> None:
     [one] = predict(TOY, LOOPBACK, algorithm="ssgd", comm_mode="allreduce", workers=[1])
     assert one["iter_time_s"] == pytest.approx(one["compute_s"]) and one["comm_s"] == 0.0
