@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,29 @@ def _admin(sql: str) -> None:
             cur.execute(sql)
     finally:
         conn.close()
+
+
+def postgres_why_not() -> str | None:
+    """Why `AirflowServices` cannot start on this machine's PostgreSQL, or None when it can: the
+    server answers as the ddlbench role, which may create databases, and Airflow 3 has its async
+    driver. For `needs_service("PostgreSQL", postgres_why_not)` (tests/conftest.py)."""
+    if find_spec("asyncpg") is None:  # Airflow 3 opens PostgreSQL through postgresql+asyncpg too
+        return "asyncpg, which Airflow 3 needs for PostgreSQL, is not installed"
+    import psycopg2
+
+    where = f"{PG['host']}:{PG['port']} as {PG['user']}"
+    try:
+        conn = psycopg2.connect(dbname="postgres", connect_timeout=3, **PG)
+    except psycopg2.OperationalError as err:
+        first = (str(err).strip().splitlines() or ["no answer"])[0]
+        return f"no PostgreSQL on {where} ({first}); CI starts one: scripts/services/postgres.sh"
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT rolcreatedb FROM pg_roles WHERE rolname = current_user")
+            (createdb,) = cur.fetchone()
+    finally:
+        conn.close()
+    return None if createdb else f"the role {PG['user']} may not create databases (scripts/services/postgres.sh)"
 
 
 class AirflowServices:

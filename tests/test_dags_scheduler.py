@@ -19,10 +19,14 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.airflow_services import REPO, AirflowServices, all_succeeded
+from tests.airflow_services import REPO, AirflowServices, all_succeeded, postgres_why_not
+from tests.conftest import needs_service
 from tests.trainjobs import processes_under
 
-pytestmark = [pytest.mark.slow]
+# Every test runs on the module's deployment, whose metadata database is a throwaway one on
+# PostgreSQL: without the server each skips (outside CI) or fails naming it (CI=true) at setup,
+# before the fixture would start anything.
+pytestmark = [pytest.mark.slow, needs_service("PostgreSQL", postgres_why_not)]
 
 SMOKE = REPO / "specs" / "smoke.yaml"
 TRAIN_TIMEOUT_S = 90
