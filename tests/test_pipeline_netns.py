@@ -3,9 +3,10 @@ microbenchmark and profile, on one cluster that provision made and teardown remo
 
 - In CI: one model (mlp on digits, communication-bound), two algorithms (SSGD over allreduce,
   OD-SGD over a parameter server), 2 workers on 2 nodes, every stage of the pipeline.
-- Opt-in, DDLBENCH_NIGHTLY_NETNS=1: the whole grid (5 algorithms x 2 models x 2 and 4 workers,
-  and the 1-worker baselines) on 2 and on 3 nodes. Too slow for CI on a 2-core machine (22 jobs
-  each: 30 min for 2 nodes here, loaded).
+- Opt-in, DDLBENCH_NIGHTLY_NETNS=1: the whole grid (every algorithm x every workload x 2 and 4
+  workers, and each workload's 1-worker baseline: 5 x 3 x 2 + 3 = 33 jobs in today's spec) on 2
+  and on 3 nodes. Too slow for CI on a 2-core machine (the 22 jobs before gpt-mini took 30 min on
+  2 nodes here, loaded).
 
 Needs root for the namespaces: outside CI it skips without, under CI=true it fails
 (tests/conftest.py).
@@ -55,6 +56,12 @@ def _namespaces() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
+def _sets(nodes: int, extra: list[str]) -> list[str]:
+    """The `--set`s of a reduced nightly run on a netns cluster of `nodes`."""
+    return [f"provider.options={{nodes: {nodes}, bandwidth: 1gbit}}", "provider.name=netns",
+            "network.link_bandwidth=1gbit", *REDUCED, *extra]
+
+
 def _run_nightly(home: Path, nodes: int, extra: list[str]) -> tuple[Path, dict[str, Any], list[str]]:
     """`ddlbench run` of the nightly spec on a netns cluster of `nodes`: the run's directory, its
     cluster handle and the grid's keys; asserts it exited 0, made `nodes` nodes, removed them and
@@ -63,8 +70,7 @@ def _run_nightly(home: Path, nodes: int, extra: list[str]) -> tuple[Path, dict[s
 
     from pipelines.spec import grid, load_spec
 
-    sets = [f"provider.options={{nodes: {nodes}, bandwidth: 1gbit}}", "provider.name=netns",
-            "network.link_bandwidth=1gbit", *REDUCED, *extra]
+    sets = _sets(nodes, extra)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     done = subprocess.run(
         [str(Path(sys.executable).with_name("ddlbench")), "run", str(NIGHTLY_CPU), "--home", str(home),
@@ -106,5 +112,15 @@ def test_nightly_cut_runs_two_algorithms_across_two_netns_nodes(tmp_path: Path) 
 
 @pytest.mark.parametrize("nodes", [pytest.param(2, marks=full_grid), pytest.param(3, marks=full_grid)])
 def test_nightly_cpu_runs_every_configuration_on_a_netns_cluster(tmp_path: Path, nodes: int) -> None:
+    from pipelines.spec import load_spec
+    from pipelines.spec_load import parse_set
+
     _, _, keys = _run_nightly(tmp_path, nodes, [])
-    assert len(keys) == 22  # 5 algorithms x 2 models x 2 and 4 workers, and each model's 1-worker baseline
+    # The whole grid, counted from the spec's own lists rather than a number that goes stale when
+    # the spec gains a workload (22 before gpt-mini, 33 now): every workload x algorithm x worker
+    # count x batch size, and each workload's 1-worker baseline (1 is not among the workers).
+    spec = load_spec(NIGHTLY_CPU, parse_set(_sets(nodes, [])))
+    assert 1 not in spec.workers and len(spec.workers) > 1
+    per_repeat = len(spec.workloads) * len(spec.batch_sizes) * (len(spec.algorithms) * len(spec.workers) + 1)
+    assert len(keys) == len(set(keys)) == spec.repeats * per_repeat
+    assert len([k for k in keys if "-w1-" in k]) == spec.repeats * len(spec.workloads) * len(spec.batch_sizes)
