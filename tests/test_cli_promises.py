@@ -126,16 +126,20 @@ def test_profile_microbench_fit_and_validate_as_commands(tmp_path: Path) -> None
     run = tmp_path / "run"
     ddlbench("train", "--algorithm", "ssgd", "--workers", "2", "--model", "lenet5", "--dataset", "digits",
              "--batch-size", "32", "--steps", "30", "--out", str(run))
-    val = json.loads(ddlbench("validate", "--run", str(run), "--layers", str(tmp_path / "prof" / "layers.json"),
-                              "--comm-model", str(tmp_path / "model.json"), "--json").stdout)
+    shown = ddlbench("validate", "--run", str(run), "--layers", str(tmp_path / "prof" / "layers.json"),
+                     "--comm-model", str(tmp_path / "model.json"), "--out", str(tmp_path / "validation.json")).stdout
+    val = json.loads((tmp_path / "validation.json").read_text())
     summary = json.loads((run / "summary.json").read_text())
     (row,) = val["runs"]
     assert (row["algorithm"], row["workers"], row["model"], row["batch_size"]) == ("ssgd", 2, "lenet5", 32)
     assert row["measured_iter_s"] == summary["iter_time_s"]["p50"]
     assert row["measured_iter_mean_s"] == summary["iter_time_s"]["mean"]
     assert row["measured_breakdown_s"] == summary["breakdown_s"]
-    assert row["predicted_iter_s"] > 0
-    assert row["error"] == pytest.approx(row["predicted_iter_s"] / row["measured_iter_s"] - 1, rel=1e-12)
+    assert row["predicted_iter_s"] > 0 and row["error"] is not None
+    # The table the command prints holds, on the run's row, the figures its JSON holds (its
+    # arithmetic is held to hand-written numbers in tests/test_modelling_e2e.py).
+    cells = (f"{row['predicted_iter_s'] * 1e3:.2f}", f"{row['measured_iter_s'] * 1e3:.2f}", f"{row['error']:+.1%}")
+    assert any(all(cell in line for cell in cells) for line in shown.splitlines()), (cells, shown)
     assert val["median_abs_error"] == val["worst_abs_error"] == abs(row["error"])
 
 

@@ -86,7 +86,15 @@ def check_home(home: Path) -> None:
         assert data.dataset.name == "stdlib-text"
         assert json.loads(data.dataset.profile)["corpus"]["sha256"] == fingerprint["sha256"]
         assert json.loads(data.dataset.profile)["corpus"]["bytes"] == fingerprint["bytes"]
-    assert runs["validate"].data.metrics["median_abs_error"] >= 0
+    # The validation compared both trained runs, each against its own measured iteration, and
+    # its MLflow run carries the figure validation.json holds.
+    val = json.loads((home / "runs" / KEY / "validate" / "validation.json").read_text())
+    assert len(val["runs"]) == len(val["configs"]) == 2 and val["configs_without_prediction"] == 0
+    for row in val["runs"]:
+        summary = json.loads((home / "runs" / KEY / "train" / row["run"] / "summary.json").read_text())
+        assert row["measured_iter_s"] == summary["iter_time_s"]["p50"] > 0
+        assert row["predicted_iter_s"] > 0 and row["error"] is not None
+    assert runs["validate"].data.metrics["median_abs_error"] == pytest.approx(val["median_abs_error"])
     layers = json.loads(next((home / "runs" / KEY / "profile").glob("*/layers.json")).read_text())
     # The profile is of the model trained: the workload's n_layer reaches it.
     assert [r["name"] for r in layers["layers"]] == ["embed", "blocks.0", "blocks.1", "blocks.2", "head"]
