@@ -238,18 +238,14 @@ regression: {min_history: 2, alpha: 0.25, min_effect: 0.85}
 E2E_CONFIG = "mlp-ssgd-allreduce-w2-b32"
 
 
-@pytest.fixture(scope="module")
-def e2e(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A home with three A/A runs of TINY (their reports) and `run(key, *sets)` for more."""
+def _runner(spec: Path, home: Path) -> Any:
+    """`run(key, *sets)`: `ddlbench run` of `spec` into `home` (as a user types it), its report."""
     import json
 
     from click.testing import CliRunner
 
     from pipelines.cli import cli
 
-    tmp = tmp_path_factory.mktemp("alarm")
-    spec, home = tmp / "alarm-e2e.yaml", tmp / "home"
-    spec.write_text(TINY)
     runner = CliRunner(env={"COLUMNS": "250", "MLFLOW_TRACKING_URI": None})
 
     def run(key: str, *sets: str) -> dict[str, Any]:
@@ -258,11 +254,45 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Any:
         assert out.exit_code == 0, out.output
         return json.loads((home / "runs" / key / "report" / "report.json").read_text())
 
+    return run
+
+
+@pytest.fixture(scope="module")
+def aa_history(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A home with three A/A runs of TINY (their reports): the history every test starts from.
+    Tests do not add to it: each works on its own copy (`e2e`)."""
+    tmp = tmp_path_factory.mktemp("alarm")
+    spec, home = tmp / "alarm-e2e.yaml", tmp / "home"
+    spec.write_text(TINY)
     patch = pytest.MonkeyPatch()
     patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = _runner(spec, home)
     reports = {k: run(k) for k in ("aa-0", "aa-1", "aa-2")}
-    yield {"spec": spec, "home": home, "run": run, "reports": reports}
+    yield {"spec": spec, "home": home, "reports": reports}
     patch.undo()
+
+
+@pytest.fixture
+def e2e(aa_history: Any, tmp_path: Path) -> Any:
+    """A copy of the A/A home (run directories, MLflow store, artifacts; the paths they hold
+    moved to the copy, as `own_home` in tests/test_pipeline_run.py does) and `run(key, *sets)`
+    into it. Each test's history is the three A/A runs and nothing another test ran before it:
+    neither the injected runs nor the run under CPU burners reach another test's history, in
+    any order."""
+    import shutil
+    import sqlite3
+
+    old, home = aa_history["home"], tmp_path / "home"
+    shutil.copytree(old, home)
+    for path in (home / "runs").rglob("*.json"):
+        text = path.read_text()
+        if str(old) in text:
+            path.write_text(text.replace(str(old), str(home)))
+    with sqlite3.connect(home / "mlflow.db") as db:
+        db.execute("UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)", (str(old), str(home)))
+        db.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (str(old), str(home)))
+    db.close()
+    return {**aa_history, "home": home, "run": _runner(aa_history["spec"], home)}
 
 
 def _client(home: Path) -> tuple[Any, str]:
@@ -371,12 +401,15 @@ def test_a_real_30_percent_slowdown_alarms_and_its_rerun_confirms_it(e2e: Any) -
     delay_ms = round(1000 * iteration * 0.3 / 0.7, 1)
     report = e2e["run"]("slow-30", f"train.inject_delay_ms={delay_ms}", *JUDGED)
     (check,) = report["regression"]["checks"]
-    assert check["basis"] == ("canary" if check["host_p_value"] < 0.05 else "raw") and check["history_runs"] >= 3
+    assert check["basis"] == ("canary" if check["host_p_value"] < 0.05 else "raw") and check["history_runs"] == 3
     md = (e2e["home"] / "runs" / "slow-30" / "report" / "report.md").read_text()
     assert f"this run would have caught a slowdown of {check['detectable_slowdown']:.0%} or more" in md
-    if check["detectable_slowdown"] > 0.2:  # the history is too noisy to vouch for 30%: said, not hidden
-        assert 0.2 < check["detectable_slowdown"] <= 1
-        return
+    # The alarm's check below always runs: a history too noisy to vouch for 30% fails the test
+    # by name rather than letting it pass without the check (it was a `return`).
+    assert check["detectable_slowdown"] <= 0.2, (
+        f"the A/A history is too noisy to decide a 30% slowdown: the alarm states it would catch "
+        f"{check['detectable_slowdown']:.0%} or more (over 20%); the host was loaded while the three "
+        f"A/A runs ran, so this test cannot hold the alarm to 30%")
     (found,) = report["regressions"]
     assert found["effect"] < -0.1 and found["p_value"] < 0.25
     assert found["confirmation"]["confirmed"] and found["confirmation"]["effect"] < -0.1
