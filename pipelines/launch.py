@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,16 @@ def _check_model_builds(cfg: TrainConfig) -> None:
                        cfg.batch_size, cfg.model_options)
 
 
+def _timed_launch(startup: dict[str, Any], launched_at: float, ended_at: float) -> None:
+    """The launcher's part of a job's fixed cost, beside the ranks' (training/run.py
+    startup_figures): `launch` (the provider, torchrun's agent and the interpreter, until the
+    first rank's module starts), the whole way to training (`to_training_s`), and the way out
+    after the outputs are written (`teardown_s`: the ranks' and agents' exit)."""
+    startup["parts_s"] = {"launch": startup["started_at"] - launched_at, **startup["parts_s"]}
+    startup["to_training_s"] = startup["training_at"] - launched_at
+    startup["teardown_s"] = ended_at - startup["written_at"]
+
+
 def launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | None = None,
            echo: bool = True) -> dict[str, Any]:
     """Run the job; return its summary, or raise JobFailed naming the failed ranks.
@@ -106,8 +117,10 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
     (out / "placement.json").write_text(json.dumps(placement, indent=2))
     probe = CpuProbe() if provider.measures_host_load else None
     # A rank that stops beating ends the job, whether or not a peer waits for it (ASGD's don't).
+    launched_at = time.time()
     with heartbeat.Watch(out, cfg.timeout_s, on_stall=job.cancel.set) as watch:
         result = provider.run(job, echo=echo)
+    ended_at = time.time()
     summary_path = out / "summary.json"
     if (out / DIVERGED).exists():
         summary = {"status": "diverged", **json.loads((out / DIVERGED).read_text()),
@@ -124,6 +137,8 @@ def _launch(cfg: TrainConfig, out: Path, provider: Provider, timeout_s: float | 
         raise JobFailed(result, heartbeat.describe_stall(stopped, raised) if stopped else None)
     summary = json.loads(summary_path.read_text())
     summary["placement"] = placement  # where the ranks ran (DESIGN §4: every result carries it)
+    if start := summary.get("startup"):
+        _timed_launch(start, launched_at, ended_at)
     env = summary.setdefault("environment", {})
     env["placement"] = placement["policy"]
     # The CPU share of the host that other work took while the job ran (None: not measurable here).

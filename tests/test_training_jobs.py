@@ -96,6 +96,17 @@ def test_each_algorithm_learns_digits(tmp_path, options):
         st = summary["staleness"]
         assert sum(st["histogram"].values()) == 2 * steps and st["mean"] >= 0
 
+    # Start-up: each part the launcher and the ranks timed, in the order they come, lies within the
+    # whole way to training, which the launch (before any rank's module ran) is a part of.
+    start = summary["startup"]
+    parts = start["parts_s"]
+    assert list(parts) == ["launch", "imports", "process_group", "set_up", "canary"]
+    assert all(v > 0 for v in parts.values()), parts
+    assert start["started_at"] < start["training_at"] < start["written_at"]
+    assert max(parts.values()) < start["to_training_s"]
+    assert start["to_training_s"] == pytest.approx(parts["launch"] + start["training_at"] - start["started_at"])
+    assert 0 < start["teardown_s"] < 30
+
 
 BAD_OPTIONS = [
     (["--model", "resnet9000"], "model: unknown model 'resnet9000'"),

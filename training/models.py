@@ -7,6 +7,7 @@ is downloaded.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
@@ -157,6 +158,9 @@ def example_input(name: str, input_shape: tuple[int, int, int], batch: int) -> t
 # A real build decides only where the meta device cannot, and only this many bytes of weights
 # (fp32: 256M parameters); a bigger model is let through, its run's own error naming a problem.
 REAL_CHECK_MAX_WEIGHT_BYTES = 1 << 30
+# A model this small at an input this small is checked by a real step at once (_small).
+SMALL_CHECK_MAX_WEIGHT_BYTES = 16 << 20
+SMALL_CHECK_MAX_INPUT = 3 * 64 * 64
 # A refusal quotes torch's reason on one line, cut to this many characters.
 _REASON_CHARS = 200
 
@@ -196,6 +200,8 @@ def _training_failure(name: str, input_shape: tuple[int, int, int], num_classes:
         return _one_line(err).removeprefix("input_shape: ") if str(err).startswith("input_shape:") else None
     except Exception:  # the builder needs a tensor's data; unsized, a real build could be too big
         return None
+    if _small(model, input_shape):  # a real step costs less than the meta device's first use
+        return _real_training_failure(name, input_shape, num_classes, min(batch, 2), options)
     model.to("meta").train()
     with torch.device("meta"):
         x = example_input(name, input_shape, batch)
@@ -209,6 +215,15 @@ def _training_failure(name: str, input_shape: tuple[int, int, int], num_classes:
         return None
     # A shape error shows at 2 samples as at more: 2 keeps the real step small (1 stays 1: batch norm).
     return _real_training_failure(name, input_shape, num_classes, min(batch, 2), options)
+
+
+def _small(model: nn.Module, input_shape: tuple[int, int, int]) -> bool:
+    """Whether a real step at 2 samples is cheap: a meta forward's first use imports torch's
+    compiler stack (its Python reference kernels go through torch._dynamo), about a second,
+    where such a model's real step takes milliseconds."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    most = min(SMALL_CHECK_MAX_WEIGHT_BYTES, REAL_CHECK_MAX_WEIGHT_BYTES)
+    return weights <= most and math.prod(input_shape) <= SMALL_CHECK_MAX_INPUT
 
 
 @contextmanager

@@ -8,6 +8,10 @@ Rank 0 gathers every rank's timeline and counters and writes `summary.json`,
 
 from __future__ import annotations
 
+import time
+
+_STARTED_AT = time.time()  # this rank's module starts: its start-up's parts count from here
+
 if __name__ == "__main__":  # a rank: end with its torchrun agent, set before the seconds of importing torch
     from infra.lifeline import die_with_torchrun
 
@@ -17,7 +21,6 @@ import json
 import os
 import re
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -82,10 +85,12 @@ def _job_shape(cfg: TrainConfig, rank: int, trainer, group) -> tuple[int, int]:
 
 
 def run(out: Path) -> int:
+    marks = {"started": _STARTED_AT, "imported": time.time()}  # wall clock: the launcher's is the same host's
     cfg = TrainConfig.model_validate_json((out / "config.json").read_text())
     if (out / DIVERGED).exists():  # a torchrun restart of a diverged job: diverged again
         return EXIT_DIVERGED
     rank, ctrl, workers_group, startup, device = _setup(cfg)
+    marks["process_group"] = time.time()
     is_worker = rank < cfg.workers
     role = "worker" if is_worker else "server"
     tl = Timeline(rank, role, time.monotonic())
@@ -108,6 +113,7 @@ def run(out: Path) -> int:
                 weight_decay=cfg.weight_decay, timeout_s=cfg.timeout_s,
             )
             server = ShardServer(sc, ShardLayout.even(numel, cfg.servers), ctrl, tl)
+        marks["set_up"] = time.time()
         done = _agree(store.latest() if rank == 0 else 0, startup)
         clock = 0.0
         if done:
@@ -123,6 +129,7 @@ def run(out: Path) -> int:
         canary.run("before")
         _barrier(startup)
         tl.epoch = time.monotonic() - clock  # the common clock, continued across a resume
+        marks["canary"] = time.time()
 
         def on_step(t: int) -> None:
             if not (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0 and t + 1 < steps):
@@ -148,7 +155,7 @@ def run(out: Path) -> int:
             result["traffic"] = server.stats.as_dict()
         _barrier(ctrl)
         canary.run("after")
-        result["records"], result["canary"] = tl.records, canary.result()
+        result["records"], result["canary"], result["startup"] = tl.records, canary.result(), marks
         gathered: list[Any] | None = [None] * cfg.world_size if rank == 0 else None
         tl.current = "gathering results"
         dist.gather_object(result, gathered, dst=0, group=ctrl)
@@ -178,6 +185,21 @@ def _agree(value: int, group) -> int:
     t = torch.tensor([value], dtype=torch.long)
     dist.broadcast(t, src=0, group=group)
     return int(t.item())
+
+
+# The marks a rank stamps on its way to training, each ending the part named beside it.
+STARTUP_PARTS = {"imported": "imports", "process_group": "process_group", "set_up": "set_up", "canary": "canary"}
+
+
+def startup_figures(marks: list[dict[str, float]]) -> dict[str, Any]:
+    """Where the ranks' seconds before the first step went: each part (imports, the process
+    group, model and data set-up, the canary) as its slowest rank took it, and the wall-clock
+    moments the first rank's module started and the last rank began training (the launcher
+    adds its own launch and end, pipelines/launch.py)."""
+    ends = list(STARTUP_PARTS)
+    parts = {STARTUP_PARTS[e]: max(m[e] - m[b] for m in marks) for b, e in zip(["started", *ends[:-1]], ends, strict=True)}
+    return {"parts_s": parts, "started_at": min(m["started"] for m in marks),
+            "training_at": max(m["canary"] for m in marks), "written_at": time.time()}
 
 
 def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[str, Any]]) -> None:
@@ -219,6 +241,7 @@ def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[s
         "bytes_received": {str(w["rank"]): w["traffic"]["bytes_received"] for w in workers},
         "environment": environment(cfg),
         "canary": host_canary.summarise([r["canary"] for r in results]),
+        "startup": startup_figures([r["startup"] for r in results]),
         "config": json.loads(cfg.model_dump_json()),
     }
     summary |= language_model_figures(cfg, lead, summary["throughput_samples_per_s"])
@@ -234,4 +257,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # A rank's outputs are written and its process group destroyed: the interpreter's own
+    # teardown (torch's and its compiler stack's modules) takes most of a second and does
+    # nothing a finished rank needs, so the rank leaves at once. A failure raises out of
+    # main() instead and exits the usual way (torch elastic's error file).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
