@@ -197,7 +197,8 @@ def startup_figures(marks: list[dict[str, float]]) -> dict[str, Any]:
     moments the first rank's module started and the last rank began training (the launcher
     adds its own launch and end, pipelines/launch.py)."""
     ends = list(STARTUP_PARTS)
-    parts = {STARTUP_PARTS[e]: max(m[e] - m[b] for m in marks) for b, e in zip(["started", *ends[:-1]], ends, strict=True)}
+    parts = {STARTUP_PARTS[e]: max(m[e] - m[b] for m in marks)
+             for b, e in zip(["started", *ends[:-1]], ends, strict=True)}
     return {"parts_s": parts, "started_at": min(m["started"] for m in marks),
             "training_at": max(m["canary"] for m in marks), "written_at": time.time()}
 
