@@ -17,6 +17,7 @@ from infra.local import LocalProvider
 from pipelines.cli import cli
 from pipelines.launch import JobFailed, launch, prepare
 from tests.trainjobs import rank_process
+from training.ps import ShardLayout
 from training.timeline import read_jsonl
 
 # lenet5 on digits, 2 workers x 32, 150 steps: every algorithm must pass this.
@@ -106,6 +107,45 @@ def test_each_algorithm_learns_digits(tmp_path, options):
     assert max(parts.values()) < start["to_training_s"]
     assert start["to_training_s"] == pytest.approx(parts["launch"] + start["training_at"] - start["started_at"])
     assert 0 < start["teardown_s"] < 30
+
+    _check_memory(summary, options)
+
+
+def _check_memory(summary: dict, options: dict) -> None:
+    """Memory on every rank (training/memory.py): what each holds, from the objects that hold it."""
+    memory, servers = summary["memory"], summary["servers"]
+    ranks = memory["ranks"]
+    assert [(r["rank"], r["role"]) for r in ranks] == (
+        [(0, "worker"), (1, "worker")] + [(2 + s, "server") for s in range(servers)])
+    top = max(ranks, key=lambda r: r["peak_bytes"])
+    assert {k: memory[k] for k in ("peak_bytes", "peak_rss_bytes", "breakdown")} == {
+        k: top[k] for k in ("peak_bytes", "peak_rss_bytes", "breakdown")}
+    assert memory["reserved_bytes"] is None  # CPU
+    weights = 4 * summary["parameters"]
+    # Each worker's further state: the optimizer's momentum where it steps itself, and its
+    # communication buffers: DDP's buckets (one copy of the gradients); a PS worker's push and
+    # pull buffers (two slots each under OD-SGD, whose global copy W_g is the pull slot being
+    # read, and a copy of its own in its SSGD warm-up, which the sampled step 2 falls in).
+    if options["algorithm"] == "ssgd" and options["comm"] == "allreduce":
+        optimizer, buffers = weights, weights
+    elif options["algorithm"] == "odsgd":
+        optimizer, buffers = weights, 5 * weights
+    else:
+        optimizer, buffers = 0, 2 * weights
+    for r in ranks:
+        b = r["breakdown"]
+        assert r["peak_rss_bytes"] >= r["peak_bytes"] == sum(b.values()) > 0, r
+        if r["role"] == "worker":
+            assert (b["parameters"], b["gradients"], b["optimizer"], b["buffers"]) == (
+                weights, weights, optimizer, buffers), (options, r)
+            assert b["activations"] > 0
+        else:  # a shard: its share of the weights, their momentum, and where the pushes land
+            start, end = ShardLayout.even(summary["parameters"], servers).bounds[r["rank"] - 2]
+            shard = 4 * (end - start)
+            landing = 1 if options["algorithm"] == "asgd" else summary["workers"]  # async: one buffer
+            assert (b["parameters"], b["optimizer"], b["activations"]) == (shard, shard, 0), r
+            # The shard's gradient is the push buffer the others are summed into.
+            assert b["gradients"] + b["buffers"] == landing * shard, r
 
 
 BAD_OPTIONS = [

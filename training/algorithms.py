@@ -14,6 +14,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from training.config import Algorithm, Comm, Compensation, TrainConfig
+from training.memory import HeldState, ddp_bucket_bytes, optimizer_tensors
 from training.ps import PSClient, ShardLayout, TrafficStats
 from training.timeline import Timeline
 
@@ -23,6 +24,7 @@ class Strategy:
 
     def __init__(self, cfg: TrainConfig, model: nn.Module, timeline: Timeline) -> None:
         self.cfg, self.timeline = cfg, timeline
+        self.net = model  # the bare model
         self.model = model  # what the trainer calls forward on
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.stats = TrafficStats()
@@ -58,6 +60,11 @@ class Strategy:
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+
+    def held_state(self) -> HeldState:
+        """The tensors this worker holds from one iteration to the next (training/memory.py)."""
+        return HeldState(parameters=list(self.net.parameters()), gradients=[p.grad for p in self.params],
+                         buffers=list(self.net.buffers()))
 
 
 def _sgd(params, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
@@ -102,6 +109,13 @@ class AllreduceSSGD(Strategy):
             self.opt.step()
             self.zero_grad()
 
+    def held_state(self) -> HeldState:
+        held = super().held_state()
+        held.optimizer = optimizer_tensors(self.opt)
+        if isinstance(self.model, nn.parallel.DistributedDataParallel):
+            held.opaque_buffer_bytes = ddp_bucket_bytes(self.model)
+        return held
+
     def checkpoint_state(self) -> dict:
         return {"opt": self.opt.state_dict()}
 
@@ -122,6 +136,11 @@ class _PSStrategy(Strategy):
     def start(self, resumed: bool) -> None:
         if self.rank == 0 and not resumed:
             self.client.send_initial(self.client.flat_params())
+
+    def held_state(self) -> HeldState:
+        held = super().held_state()
+        held.buffers += [*self.client.grads, *self.client.weights]
+        return held
 
 
 class _PushPullStrategy(_PSStrategy):
@@ -208,6 +227,12 @@ class ODSGD(_PSStrategy):
     def finish(self) -> None:
         """The final global model W_g(T)."""
         self.client.load_into_params(self._global_weights())
+
+    def held_state(self) -> HeldState:
+        held = super().held_state()
+        held.optimizer = optimizer_tensors(self.local_opt)
+        held.buffers.append(self.weights_global)  # after warm-up, one of the client's pull slots
+        return held
 
     def checkpoint_state(self) -> dict:
         # Waiting for the pull in flight changes nothing but when W_g(t+1) is awaited.

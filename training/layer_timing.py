@@ -43,6 +43,12 @@ def sampling_every() -> int:
         raise ValueError(f"{EVERY_ENV}: expected a whole number of iterations, got {raw!r}") from None
 
 
+def sampled(step: int, every: int, warmup: int) -> bool:
+    """Whether iteration `step` is sampled: every `every`-th from `warmup` on (`every` 0: none).
+    The memory meter (training/memory.py) samples the same iterations."""
+    return bool(every) and step >= warmup and (step - warmup) % every == 0
+
+
 class LayerTimer:
     """Samples per-layer forward/backward time of `net` every `every`-th iteration from `warmup` on."""
 
@@ -68,7 +74,7 @@ class LayerTimer:
 
     def arm(self, step: int) -> None:
         """Before the forward of `step`: hooks on, if this iteration is sampled."""
-        if not self.every or step < self.warmup or (step - self.warmup) % self.every:
+        if not sampled(step, self.every, self.warmup):
             return
         self._fwd, self._bwd = [], []
 

@@ -30,6 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from training.memory import HeldState, optimizer_tensors
 from training.timeline import Timeline
 
 
@@ -168,6 +169,9 @@ class ShardServer:
         self.param = torch.nn.Parameter(torch.zeros(end - start))
         self.opt = torch.optim.SGD([self.param], lr=cfg.lr, momentum=cfg.momentum,
                                    weight_decay=cfg.weight_decay)
+        # Where pushes land: one buffer per worker in sync mode (a step's N pushes are all in
+        # before its update), one in async mode (each push applied on arrival).
+        self.bufs = [torch.empty_like(self.param.data) for _ in range(cfg.workers if cfg.mode == "sync" else 1)]
         self.version = 0  # server updates applied (async)
         self.seen = [0] * cfg.workers  # the version each worker last received (async)
 
@@ -179,6 +183,11 @@ class ShardServer:
         """W_g(0) from worker 0."""
         dist.recv(self.param.data, src=0, group=self.group)
         self.stats.bytes_received += self.nbytes
+
+    def held_state(self) -> HeldState:
+        """The shard's weights, its gradient (a push buffer), momentum and push buffers."""
+        return HeldState(parameters=[self.param], gradients=[self.param.grad],
+                         optimizer=optimizer_tensors(self.opt), buffers=list(self.bufs))
 
     def state_dict(self) -> dict:
         return {"w": self.param.detach().clone(), "opt": self.opt.state_dict(), "version": self.version,
@@ -202,7 +211,7 @@ class ShardServer:
 
     def _run_sync(self, done: int, on_step: Callable[[int], None]) -> None:
         cfg, tl, group = self.cfg, self.timeline, self.group
-        bufs = [torch.empty_like(self.param.data) for _ in range(cfg.workers)]
+        bufs = self.bufs
         for t in range(done, cfg.steps):
             tl.begin(t)
             with tl.phase("comm_exposed"):
@@ -226,7 +235,7 @@ class ShardServer:
     def _run_async(self, done: int, on_step: Callable[[int], None]) -> None:
         cfg, tl, group = self.cfg, self.timeline, self.group
         w = self.param.data
-        buf = torch.empty_like(w)
+        buf = self.bufs[0]
         for push in range(done * cfg.workers, cfg.steps * cfg.workers):
             tl.begin(push)
             with tl.phase("comm_exposed"):

@@ -31,6 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.rendezvous import rendezvous
 
 from training import canary as host_canary
+from training import memory
 from training.checkpoint import CheckpointStore
 from training.config import Algorithm, Comm, TrainConfig
 from training.heartbeat import Heartbeat
@@ -153,6 +154,7 @@ def run(out: Path) -> int:
                 server.receive_initial()
             server.run(done, on_step)
             result["traffic"] = server.stats.as_dict()
+            result["memory"] = memory.held_figures(rank, role, server.held_state())
         _barrier(ctrl)
         canary.run("after")
         result["records"], result["canary"], result["startup"] = tl.records, canary.result(), marks
@@ -242,6 +244,7 @@ def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[s
         "bytes_received": {str(w["rank"]): w["traffic"]["bytes_received"] for w in workers},
         "environment": environment(cfg),
         "canary": host_canary.summarise([r["canary"] for r in results]),
+        "memory": memory.summarise(r["memory"] for r in results),
         "startup": startup_figures([r["startup"] for r in results]),
         "config": json.loads(cfg.model_dump_json()),
     }

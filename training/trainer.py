@@ -24,6 +24,7 @@ from training.config import TrainConfig
 from training.datasets import GlobalBatchSampler, load_dataset, native_shape
 from training.gpt_shape import is_gpt, resolve_shape
 from training.layer_timing import LayerTimer, sampling_every
+from training.memory import MemoryMeter
 from training.models import build_model, logits_of, natural_input_shape
 from training.timeline import Timeline
 
@@ -101,6 +102,8 @@ class Trainer:
         self.loss_value = float("nan")
         # Per-layer compute sampled in situ every k-th iteration (layers_insitu.json).
         self.layer_timer = LayerTimer(self.net, device, sampling_every(), cfg.measure_warmup)
+        # Memory on the same iterations: the state the strategy holds and the activations saved.
+        self.memory = MemoryMeter(device, self.strategy.held_state, sampling_every(), cfg.measure_warmup)
         # A known slowdown in one component, to test the regression alarm (none without a delay).
         inject.install(cfg, self.net, timeline)
 
@@ -154,7 +157,8 @@ class Trainer:
                     x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 self.layer_timer.arm(t)
                 with tl.phase("forward"):
-                    loss = F.cross_entropy(logits_of(model(x)), y)
+                    with self.memory.forward(t, steps):
+                        loss = F.cross_entropy(logits_of(model(x)), y)
                     self.loss_value = loss.item()
                 if not math.isfinite(self.loss_value):
                     raise Diverged(t + 1, self.loss_value)
@@ -164,6 +168,7 @@ class Trainer:
                 loss.backward()
                 self._sync()
                 b1 = tl.now()
+                self.memory.collect()
                 if self.overlapped:  # DDP's wait for the last buckets is communication
                     compute_end = min(max(self.strategy.backward_compute_end(), b0), b1)
                     tl.mark("backward", b0, compute_end)
@@ -199,7 +204,7 @@ class Trainer:
                 on_step(t)
             self.strategy.finish()
             train_time = tl.now() - self.eval_time
-            result: dict[str, Any] = {"train_time_s": train_time}
+            result: dict[str, Any] = {"train_time_s": train_time, "memory": self.memory.result(self.rank, "worker")}
             if lead:
                 self.layer_timer.write(self.out, tl.records, cfg.model, cfg.batch_size)
                 with tl.pause("the final evaluation"):

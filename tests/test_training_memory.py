@@ -1,0 +1,66 @@
+"""Memory counting on one process (training/memory.py): the state tensors and the activations
+saved for backward, against figures worked out by hand."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.memory import HeldState, MemoryMeter, optimizer_tensors, summarise
+
+IN, H1, H2, OUT, BATCH = 12, 32, 16, 5, 8
+F32, I64 = 4, 8
+
+
+def test_an_mlps_state_and_saved_activations_are_the_hand_worked_bytes() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(IN, H1), nn.ReLU(), nn.Linear(H1, H2), nn.ReLU(), nn.Linear(H2, OUT))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    def held() -> HeldState:
+        return HeldState(parameters=list(net.parameters()), gradients=[p.grad for p in net.parameters()],
+                         optimizer=optimizer_tensors(opt), buffers=list(net.buffers()))
+
+    meter = MemoryMeter(torch.device("cpu"), held, every=1, warmup=0)
+    x, y = torch.randn(BATCH, IN), torch.randint(0, OUT, (BATCH,))
+    with meter.forward(0, 1):
+        loss = F.cross_entropy(net(x), y)
+    loss.backward()
+    meter.collect()
+    opt.step()  # the momentum buffers: made by the first step, seen by result()'s last look
+    figures = meter.result(0, "worker")
+
+    weights = (IN * H1 + H1) + (H1 * H2 + H2) + (H2 * OUT + OUT)
+    # Saved for backward: the first Linear's input x (its weight's gradient; x needs none, so its
+    # weight is not saved); each ReLU's output, which the next Linear saves too (one storage);
+    # the later Linears' weights (views of parameters: not activations); log_softmax's output,
+    # saved by itself and by nll_loss; nll_loss's int64 target and its scalar total weight.
+    saved = F32 * BATCH * (IN + H1 + H2 + OUT) + I64 * BATCH + F32
+    assert figures["breakdown"] == {"parameters": F32 * weights, "gradients": F32 * weights,
+                                    "optimizer": F32 * weights, "activations": saved, "buffers": 0}
+    assert figures["peak_bytes"] == 3 * F32 * weights + saved
+    assert figures["reserved_bytes"] is None
+    assert figures["peak_rss_bytes"] >= figures["peak_bytes"]
+
+
+def test_a_storage_counts_once_in_the_first_category_naming_it() -> None:
+    flat = torch.zeros(100)
+    other = torch.zeros(10)
+    held = HeldState(parameters=[flat[:60].view(6, 10)], gradients=[None, flat[60:]],
+                     buffers=[flat, other, other[5:]], opaque_buffer_bytes=7)
+    counts, storages = held.count()
+    assert counts == {"parameters": 400, "gradients": 0, "optimizer": 0, "buffers": 40 + 7}
+    assert len(storages) == 2
+
+
+def test_the_summary_takes_the_largest_ranks_figures_and_lists_every_rank() -> None:
+    def rank(k: int, role: str, peak: int) -> dict:
+        return {"rank": k, "role": role, "peak_bytes": peak, "peak_rss_bytes": 10 * peak, "reserved_bytes": None,
+                "breakdown": {"parameters": peak}}
+
+    memory = summarise([rank(2, "server", 30), rank(0, "worker", 50), rank(1, "worker", 40)])
+    assert (memory["peak_bytes"], memory["peak_rss_bytes"], memory["breakdown"]) == (50, 500, {"parameters": 50})
+    assert memory["reserved_bytes"] is None
+    assert [(r["rank"], r["role"]) for r in memory["ranks"]] == [(0, "worker"), (1, "worker"), (2, "server")]
+    assert set(memory["ranks"][0]) == {"rank", "role", "peak_bytes", "peak_rss_bytes", "breakdown"}

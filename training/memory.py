@@ -1,0 +1,191 @@
+"""Memory per rank after warm-up: summary.json's `memory` (DESIGN §4).
+
+CUDA: the caching allocator's own peak of allocated and reserved bytes, its peak reset when
+warm-up ends. CPU keeps no such count, so the peak of live tensor bytes is counted from the
+objects that hold them:
+- the state a rank holds from one iteration to the next, as its strategy (training/algorithms.py)
+  or shard (training/ps.py) names it: parameters, gradients, optimizer state and buffers (the
+  module's own, and communication's: DDP's buckets, a worker's flat PS buffers, OD-SGD's global
+  copy, a shard's aggregation buffers), each storage once (by `untyped_storage().data_ptr()`),
+  in the first category that names it;
+- the activations autograd saves for backward, seen by `torch.autograd.graph.saved_tensors_hooks`
+  in the forward of the iterations the layer timer samples (training/layer_timing.py), each
+  storage once and none of the state's.
+A rank's peak is its state plus its largest saved activations: the moment its forward (and the
+loss) has ended and its backward not yet freed anything. The process's peak RSS stands beside it.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from training.layer_timing import sampled
+
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
+_STATE = ("parameters", "gradients", "optimizer", "buffers")
+
+_Key = tuple[str, int | None, int]
+
+
+def _key(t: torch.Tensor) -> _Key:
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+
+
+@dataclass
+class HeldState:
+    """The tensors a rank holds from one iteration to the next, by category."""
+
+    parameters: list[torch.Tensor]
+    gradients: list[torch.Tensor | None] = field(default_factory=list)  # None: not held now
+    optimizer: list[torch.Tensor] = field(default_factory=list)
+    buffers: list[torch.Tensor] = field(default_factory=list)
+    # Buffers whose tensors Python cannot reach: DDP's buckets live in its C++ reducer.
+    opaque_buffer_bytes: int = 0
+
+    def count(self) -> tuple[dict[str, int], set[_Key]]:
+        """Bytes per category, each storage counted once, in the first category that names it,
+        and the storages counted."""
+        seen: set[_Key] = set()
+        out: dict[str, int] = {}
+        for category in _STATE:
+            n = 0
+            for t in getattr(self, category):
+                if t is None or (k := _key(t)) in seen:
+                    continue
+                seen.add(k)
+                n += t.untyped_storage().nbytes()
+            out[category] = n
+        out["buffers"] += self.opaque_buffer_bytes
+        return out, seen
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """An optimizer's state tensors (SGD's momentum buffers, made by its first step)."""
+    return [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def ddp_bucket_bytes(ddp: torch.nn.parallel.DistributedDataParallel) -> int:
+    """The bytes of DDP's gradient buckets, as DDP's own logging data sizes them."""
+    sizes = ddp._get_ddp_logging_data().get("bucket_sizes", "")
+    return sum(int(s) for s in str(sizes).split(",") if s.strip())
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+class ActivationCounter:
+    """The bytes of the distinct storages autograd saves for backward inside `counting()`."""
+
+    def __init__(self) -> None:
+        self.saved: dict[_Key, int] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.saved.setdefault(_key(t), t.untyped_storage().nbytes())
+        return t
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        self.saved = {}
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
+            yield
+
+    def bytes_beyond(self, held: set[_Key]) -> int:
+        """The saved bytes not already held as state (a weight saved for its input's gradient)."""
+        return sum(n for k, n in self.saved.items() if k not in held)
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+class MemoryMeter:
+    """One worker's memory: `forward(t, steps)` around each forward, `collect()` after each
+    backward, `result(...)` at the end.
+
+    The iterations sampled are the layer timer's (every `every`-th from `warmup` on), or the last
+    one where none of those comes; CUDA's peak is reset at the first measured iteration."""
+
+    def __init__(self, device: torch.device, held: Callable[[], HeldState], every: int, warmup: int) -> None:
+        self.device, self.held, self.every, self.warmup = device, held, every, warmup
+        self.cuda = device.type == "cuda"
+        self.counter = ActivationCounter()
+        self.state = dict.fromkeys(_STATE, 0)
+        self.activations: int | None = None  # None: no iteration sampled yet
+        self._counted = False
+
+    @contextmanager
+    def forward(self, step: int, steps: int) -> Iterator[None]:
+        """Around iteration `step`'s forward and loss: its saved activations counted if sampled."""
+        if self.cuda and step == min(self.warmup, steps - 1):
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if not (sampled(step, self.every, self.warmup) or (step == steps - 1 and self.activations is None)):
+            yield
+            return
+        with self.counter.counting():
+            yield
+        self._counted = True
+
+    def collect(self) -> None:
+        """After a sampled iteration's backward (its gradients held): the state and activations."""
+        if not self._counted:
+            return
+        self._counted = False
+        held = self._look()
+        self.activations = max(self.activations or 0, self.counter.bytes_beyond(held))
+
+    def _look(self) -> set[_Key]:
+        counts, held = self.held().count()
+        self.state = {k: max(v, counts[k]) for k, v in self.state.items()}
+        return held
+
+    def result(self, rank: int, role: str) -> dict[str, Any]:
+        """This rank's figures, after one more look at the state (optimizer state made late)."""
+        self._look()
+        return rank_figures(rank, role, self.device, self.state, self.activations or 0)
+
+
+def rank_figures(rank: int, role: str, device: torch.device, state: dict[str, int],
+                 activations: int) -> dict[str, Any]:
+    """A rank's entry of summary.json's `memory.ranks` (and its CUDA reserved peak)."""
+    breakdown = {c: activations if c == "activations" else state[c] for c in CATEGORIES}
+    cuda = device.type == "cuda"
+    return {
+        "rank": rank,
+        "role": role,
+        "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else sum(breakdown.values()),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "reserved_bytes": torch.cuda.max_memory_reserved(device) if cuda else None,
+        "breakdown": breakdown,
+    }
+
+
+def held_figures(rank: int, role: str, held: HeldState) -> dict[str, Any]:
+    """The figures of a rank with no forward (a parameter-server shard): its state alone."""
+    counts, _ = held.count()
+    return rank_figures(rank, role, torch.device("cpu"), counts, 0)
+
+
+RANK_KEYS = ("rank", "role", "peak_bytes", "peak_rss_bytes", "breakdown")
+
+
+def summarise(per_rank: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's `memory`: the figures of the rank with the largest peak, and every rank's."""
+    ranks = sorted(per_rank, key=lambda r: r["rank"])
+    top = max(ranks, key=lambda r: r["peak_bytes"])
+    return {
+        "peak_bytes": top["peak_bytes"],
+        "peak_rss_bytes": top["peak_rss_bytes"],
+        "reserved_bytes": top["reserved_bytes"],
+        "breakdown": top["breakdown"],
+        "ranks": [{k: r[k] for k in RANK_KEYS} for r in ranks],
+    }
