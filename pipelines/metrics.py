@@ -7,6 +7,8 @@ metric names its MLflow run carries (units in the names), both ways.
     staleness_mean_steps, staleness_max_steps                 summary["staleness"]
     canary_<kind>_<when>, canary_cpu_share_<when>,            summary["canary"] (training/canary.py)
     canary_speed_log, canary_gemm_log
+    memory.peak_bytes, memory.peak_rss_bytes,                 summary["memory"] (training/memory.py):
+    memory.reserved_bytes (CUDA), memory.rank<k>.peak_bytes   the largest rank's, and each rank's
 """
 
 from __future__ import annotations
@@ -53,7 +55,15 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float | None]:
         out["staleness_mean_steps"] = summary["staleness"]["mean"]
         out["staleness_max_steps"] = summary["staleness"]["max"]
     out |= canary_metrics(summary)
+    out |= memory_metrics(summary)
     return {k: v for k, v in out.items() if isinstance(v, int | float)}
+
+
+def memory_metrics(summary: dict[str, Any]) -> dict[str, int | None]:
+    """The memory figures of the rank with the largest peak, and each rank's peak (None: none)."""
+    memory = summary.get("memory") or {}
+    out = {f"memory.{k}": memory.get(k) for k in ("peak_bytes", "peak_rss_bytes", "reserved_bytes")}
+    return out | {f"memory.rank{r['rank']}.peak_bytes": r["peak_bytes"] for r in memory.get("ranks", [])}
 
 
 def summary_from_metrics(metrics: dict[str, float]) -> dict[str, Any]:

@@ -47,6 +47,17 @@ def test_summary_metrics_round_trip() -> None:
         "throughput_samples_per_s": 100.0, "final_accuracy": 0.9, "train_time_s": 3.0}
 
 
+
+def test_summary_metrics_carry_the_largest_ranks_memory_and_each_ranks_peak() -> None:
+    ranks = [{"rank": 0, "role": "worker", "peak_bytes": 900, "peak_rss_bytes": 9000, "breakdown": {}},
+             {"rank": 1, "role": "server", "peak_bytes": 300, "peak_rss_bytes": 8000, "breakdown": {}}]
+    summary = {"memory": {"peak_bytes": 900, "peak_rss_bytes": 9000, "reserved_bytes": None, "breakdown": {},
+                          "ranks": ranks}}
+    assert {k: v for k, v in summary_metrics(summary).items() if k.startswith("memory.")} == {
+        "memory.peak_bytes": 900, "memory.peak_rss_bytes": 9000,
+        "memory.rank0.peak_bytes": 900, "memory.rank1.peak_bytes": 300}
+    assert not any(k.startswith("memory.") for k in summary_metrics({"final_loss": 1.0}))
+
 def test_groups_batch_one_nodes_params_metrics_tags_and_keep_a_changed_param_apart() -> None:
     entries = [
         {"op": "start_run", "node": "a"},
