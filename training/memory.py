@@ -13,6 +13,8 @@ objects that hold them:
   storage once and none of the state's.
 A rank's peak is its state plus its largest saved activations: the moment its forward (and the
 loss) has ended and its backward not yet freed anything. The process's peak RSS stands beside it.
+On CUDA the breakdown is counted the same way, each tensor wherever it lives (a PS worker's
+flat buffers are pinned host memory), and the peak is the device allocator's.
 """
 
 from __future__ import annotations
