@@ -78,6 +78,14 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs a service CI starts (all but root) belongs to the whole suite: the tier
+    for a change (`-m "not slow"`) runs with no service, under CI=true too."""
+    for item in items:
+        if any(m.args[0] != "root" for m in item.iter_markers("needs_service")):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("needs_service"):
         name, check = mark.args

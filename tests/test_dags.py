@@ -43,22 +43,30 @@ def airflow_env(home: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def airflow_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Airflow's configuration, its database not yet made: what parsing the DAGs needs (the
+    tier for a change runs no Airflow database)."""
     if "airflow" in sys.modules:
         pytest.fail("airflow was imported before the test Airflow home was configured")
     home = tmp_path_factory.mktemp("airflow")
     patch = pytest.MonkeyPatch()
     for key, value in airflow_env(home).items():
         patch.setenv(key, value)
-    for argv in ([AIRFLOW, "db", "migrate"], [AIRFLOW, "pools", "import", str(POOLS)]):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}"
     yield home
     patch.undo()
 
 
+@pytest.fixture(scope="session")
+def airflow_home(airflow_config: Path) -> Path:
+    """The same home with its database migrated and the pools imported, for DAG runs."""
+    for argv in ([AIRFLOW, "db", "migrate"], [AIRFLOW, "pools", "import", str(POOLS)]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}"
+    return airflow_config
+
+
 @pytest.fixture()
-def dagbag(airflow_home: Path) -> Any:
+def dagbag(airflow_config: Path) -> Any:
     """A fresh parse of dags/ (tests may change a task of their own copy)."""
     from airflow.dag_processing.dagbag import DagBag
 
@@ -73,7 +81,7 @@ def test_every_dag_imports_without_errors(dagbag: Any) -> None:
         "ddlbench_hardware_onboarding.py", "ddlbench_nightly.py"]
 
 
-def test_dag_files_parse_fast_without_heavy_imports(airflow_home: Path) -> None:
+def test_dag_files_parse_fast_without_heavy_imports(airflow_config: Path) -> None:
     """In a fresh interpreter: parsing imports no torch, mlflow or pipeline code beyond the stage
     table, and takes well under 1 s of CPU. CPU time, not the wall clock: on a loaded host the
     parse waits for a core, which says nothing about what parsing costs."""
@@ -89,7 +97,7 @@ def test_dag_files_parse_fast_without_heavy_imports(airflow_home: Path) -> None:
         " ('torch', 'mlflow', 'pipelines', 'training', 'modelling', 'infra'))}))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120, env=os.environ | airflow_env(airflow_home))
+                          timeout=120, env=os.environ | airflow_env(airflow_config))
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     # The stage table, the onboarding form's choices and the GPT presets it lists: plain data,
@@ -134,7 +142,7 @@ def test_both_dags_keep_their_task_graphs(dagbag: Any) -> None:
     expected = json.loads(GRAPHS.read_text())
     assert set(expected) == set(dagbag.dag_ids)
     for dag_id, graph in expected.items():
-        assert dag_graph(dagbag.get_dag(dag_id)) == graph, dag_id
+        assert dag_graph(dagbag.dags[dag_id]) == graph, dag_id
 
 
 def _order(dag: Any) -> list[str]:
@@ -144,7 +152,7 @@ def _order(dag: Any) -> list[str]:
 def test_nightly_dag_shape(dagbag: Any) -> None:
     from airflow.sdk import Asset
 
-    dag = dagbag.get_dag("ddlbench_nightly")
+    dag = dagbag.dags["ddlbench_nightly"]
     assert dag.schedule == "0 2 * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert dag.params["spec_path"] == str(REPO / "specs" / "nightly-cpu.yaml")
@@ -179,7 +187,7 @@ def test_the_cli_runs_the_stages_in_the_order_the_dags_wire_them(dagbag: Any) ->
     from pipelines.stages import STAGES
 
     for dag_id, suite in (("ddlbench_nightly", "nightly"), ("ddlbench_hardware_onboarding", "onboarding")):
-        dag = dagbag.get_dag(dag_id)
+        dag = dagbag.dags[dag_id]
         names = [s.name for s in STAGES if s.suite is None]
         assert [t for t in _order(dag) if t in names] == names, dag_id
         for before, after in zip(names, names[1:], strict=False):
@@ -200,7 +208,7 @@ def test_the_cli_runs_the_stages_in_the_order_the_dags_wire_them(dagbag: Any) ->
         assert all(dag.get_task(s.name).is_teardown for s in STAGES if s.always)
 
 
-def test_a_stage_added_to_stages_appears_in_both_dags(airflow_home: Path) -> None:
+def test_a_stage_added_to_stages_appears_in_both_dags(airflow_config: Path) -> None:
     """One more entry in STAGES (before the teardown stages) is a task of both DAGs, in its place."""
     probe = (
         "import json, sys\n"
@@ -209,11 +217,11 @@ def test_a_stage_added_to_stages_appears_in_both_dags(airflow_home: Path) -> Non
         "stages.STAGES = stages.STAGES[:at] + (stages.Stage('probe', 'nowhere'),) + stages.STAGES[at:]\n"
         "from airflow.dag_processing.dagbag import DagBag\n"
         f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
-        "print(json.dumps({d: {'up': sorted(bag.get_dag(d).get_task('probe').upstream_task_ids),"
-        " 'down': sorted(bag.get_dag(d).get_task('probe').downstream_task_ids)} for d in bag.dag_ids}))\n"
+        "print(json.dumps({d: {'up': sorted(bag.dags[d].get_task('probe').upstream_task_ids),"
+        " 'down': sorted(bag.dags[d].get_task('probe').downstream_task_ids)} for d in bag.dag_ids}))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120, env=os.environ | airflow_env(airflow_home))
+                          timeout=120, env=os.environ | airflow_env(airflow_config))
     assert done.returncode == 0, done.stderr
     tasks = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(tasks) == {"ddlbench_nightly", "ddlbench_hardware_onboarding"}
@@ -258,14 +266,14 @@ def test_each_stage_is_named_in_one_place() -> None:
         assert f"pipelines/stages/__init__.py:{declared[name]}" in where, name
 
 
-def test_the_onboarding_form_offers_every_provider(airflow_home: Path) -> None:
+def test_the_onboarding_form_offers_every_provider(airflow_config: Path) -> None:
     from infra import PROVIDER_NAMES
     from pipelines.onboarding import PROVIDERS
 
     assert PROVIDERS == PROVIDER_NAMES
 
 
-def test_training_pool_slots_are_the_nodes_a_job_takes(airflow_home: Path, tmp_path: Path) -> None:
+def test_training_pool_slots_are_the_nodes_a_job_takes(airflow_config: Path, tmp_path: Path) -> None:
     from dags._common import nodes_per_job
 
     assert nodes_per_job(REPO / "specs" / "nightly-cpu.yaml") == 1  # local: one host
@@ -275,7 +283,7 @@ def test_training_pool_slots_are_the_nodes_a_job_takes(airflow_home: Path, tmp_p
 
 
 def test_onboarding_dag_shape(dagbag: Any) -> None:
-    dag = dagbag.get_dag("ddlbench_hardware_onboarding")
+    dag = dagbag.dags["ddlbench_hardware_onboarding"]
     assert dag.schedule is None
     assert {"hardware_label", "provider", "nodes", "devices_per_node", "bandwidth_gbps", "models",
             "algorithms", "world_sizes"} <= set(dag.params)
@@ -286,6 +294,7 @@ def test_onboarding_dag_shape(dagbag: Any) -> None:
     assert dag.get_task("teardown").is_teardown
 
 
+@pytest.mark.slow  # dag.test() needs the Airflow database
 @pytest.mark.parametrize(("conf", "message"), [
     ({"provider": "ftp"},
      "param provider: 'ftp' is not one of ['local', 'netns', 'slurm', 'kubernetes']"),
@@ -294,18 +303,18 @@ def test_onboarding_dag_shape(dagbag: Any) -> None:
     ({"hardware_label": "h100; rm -rf ~"}, "param hardware_label: 'h100; rm -rf ~' does not match"),
     ({"world_sizes": [0]}, "param world_sizes: 0 is less than the minimum of 1"),
 ])
-def test_onboarding_rejects_bad_params_before_anything_runs(dagbag: Any, tmp_path: Path,
+def test_onboarding_rejects_bad_params_before_anything_runs(airflow_home: Path, dagbag: Any, tmp_path: Path,
                                                             conf: dict, message: str) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
-    dag = dagbag.get_dag("ddlbench_hardware_onboarding")
+    dag = dagbag.dags["ddlbench_hardware_onboarding"]
     with pytest.raises(ParamValidationError) as err:
         dag.test(run_conf={"home": str(tmp_path)} | conf)
     assert message in str(err.value)
     assert list(tmp_path.iterdir()) == []  # no run directory, no MLflow store: nothing started
 
 
-def test_onboarding_rejects_fields_that_contradict_each_other(airflow_home: Path) -> None:
+def test_onboarding_rejects_fields_that_contradict_each_other(airflow_config: Path) -> None:
     from dags.ddlbench_hardware_onboarding import FORM
     from pipelines.onboarding import OnboardingError
     from pipelines.onboarding import overrides as onboarding_overrides
@@ -326,7 +335,7 @@ def test_onboarding_rejects_fields_that_contradict_each_other(airflow_home: Path
     assert netns["provider"]["options"] == {"nodes": 2, "devices_per_node": 2, "bandwidth": "100gbit"}
 
 
-def test_the_onboarding_form_lists_the_gpt_presets_and_trains_them_on_text(airflow_home: Path) -> None:
+def test_the_onboarding_form_lists_the_gpt_presets_and_trains_them_on_text(airflow_config: Path) -> None:
     """The form suggests every GPT preset; its default dataset (auto) gives a GPT the text corpus
     and an image model synthetic images, and the spec made of them loads."""
     from dags.ddlbench_hardware_onboarding import FORM

@@ -284,6 +284,7 @@ def test_option_errors(tmp_path):
             Job("training.run", [], 3, tmp_path / "log", servers=1), "x")
 
 
+@pytest.mark.slow  # torchrun agents, run here for real
 def test_a_placement_with_different_ranks_per_pod_runs_its_agents_with_the_roles_kept(tmp_path):
     """2 workers + 1 colocated shard on 2 pods: pod 0 runs worker 0 and the shard (two torchrun
     agents), pod 1 worker 1. Each pod's command runs here for real (torchrun over loopback)."""

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import statistics
 
+import pytest
+
 from infra import Job
 from infra.local import LocalProvider
 from tests.clock_probe import LATE_S
 
 
+@pytest.mark.slow  # a torchrun job
 def test_an_operation_is_timed_from_its_last_ranks_arrival_on_one_clock(tmp_path):
     job = Job("tests.clock_probe", [str(tmp_path)], world_size=3, log_path=tmp_path / "log", timeout_s=120)
     result = LocalProvider().run(job)

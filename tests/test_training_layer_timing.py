@@ -20,6 +20,7 @@ def _span(rec: dict, phase: str) -> float:
     return s[1] - s[0] if s else 0.0
 
 
+@pytest.mark.slow  # torchrun jobs
 @pytest.mark.parametrize(("algorithm", "comm", "servers", "every"), [
     ("ssgd", "allreduce", 0, 4), ("odsgd", "ps", 1, 7),
 ])
@@ -47,6 +48,7 @@ def test_insitu_table_from_the_run(tmp_path, monkeypatch, algorithm, comm, serve
     assert len(table["iteration_samples_s"]) == steps - warmup
 
 
+@pytest.mark.slow  # a torchrun job
 def test_no_sampling_writes_no_table(tmp_path, monkeypatch):
     """k = 0 switches sampling off: no hooks, no table (the overhead benchmark's baseline)."""
     monkeypatch.setenv(EVERY_ENV, "0")
