@@ -49,6 +49,10 @@ def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
         check_where(cfg)
     except ValueError as err:
         raise ConfigError(f"{source}.{err}") from None
+    from pipelines.preflight import batch_fits
+
+    if too_big := batch_fits(cfg, source):  # a rank would find it only after every import
+        raise ConfigError(too_big)
     return cfg
 
 

@@ -47,7 +47,7 @@ def _jobs(entries: list[dict[str, Any]], source: str, timeout_s: float) -> list[
         except ConfigError as err:
             problems.append(str(err))
             continue
-        if problem := _batch_fits(checked, where) or _finishes(checked, where, timeout_s):
+        if problem := batch_fits(checked, where) or _finishes(checked, where, timeout_s):
             problems.append(problem)
     return problems
 
@@ -63,7 +63,7 @@ def _generated_fits(cfg: Any, where: str) -> None:
         raise ConfigError(f"{where}.{err}") from None
 
 
-def _batch_fits(cfg: Any, where: str) -> str | None:
+def batch_fits(cfg: Any, where: str) -> str | None:
     from training.datasets import train_samples
     from training.trainer import resolve_input_shape
 

@@ -163,6 +163,8 @@ BAD_OPTIONS = [
     (["--lr", "0"], "lr"),
     (["--momentum", "1.5"], "momentum"),
     (["--compensation", "magic"], "'magic' is not one of"),
+    (["--workers", "2", "--batch-size", "720", "--model", "lenet5", "--dataset", "digits"],
+     "batch_size: a global batch of 2 workers x 720 = 1440 exceeds the 1438 training samples of digits"),
 ]
 
 
