@@ -100,8 +100,11 @@ def test_a_cancel_ends_a_running_job(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.faults
 def test_a_stopped_asgd_worker_ends_the_job_though_no_peer_waits_for_it(tmp_path):
-    """ASGD: the other worker trains on against the shard and nothing waits for the stopped
-    worker, so no gloo wait times out; its beat stops, and the launcher ends the job, naming it."""
+    """ASGD: the other worker trains on against the shard and no step waits for the stopped
+    worker; its beat stops, and the launcher ends the job, naming it. Where the stop fell between
+    the worker's push and its pull, the shard's reply waits for it and times out first (gloo's
+    send of the weights needs its receiver): the job then ends on that timeout, the stopped rank
+    still named first and the shard's timeout after it."""
     out = tmp_path.resolve()
     timeout = 8
     cfg = prepare({"model": "mlp", "dataset": "synthetic", "algorithm": "asgd", "comm": "ps", "workers": 2,
@@ -126,9 +129,11 @@ def test_a_stopped_asgd_worker_ends_the_job_though_no_peer_waits_for_it(tmp_path
         print(f"noticed and torn down {detected:.1f} s after the stop")
         assert detected < timeout + 15, detected
         first = str(err.value).splitlines()[0]
-        assert re.fullmatch(r"rank 1 \(worker\) stopped answering at step \d+", first), first
-        assert int(first.rsplit(" ", 1)[1]) >= 20
-        assert "the launcher ended the job" in str(err.value)
+        named = re.fullmatch(r"rank 1 \(worker\) stopped answering at step (\d+)"
+                             r"(; rank 2 timed out waiting for it; rank 0 failed in turn)?", first)
+        assert named, first
+        assert int(named[1]) >= 20
+        assert named[2] or "the launcher ended the job" in str(err.value), str(err.value)
         assert no_ranks_left(out)
     finally:
         for pid in pids:  # a stopped rank the launcher failed to end
