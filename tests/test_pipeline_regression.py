@@ -20,6 +20,7 @@ from scipy import stats
 from pipelines.report import comparison, regression_check
 from pipelines.report_regression import check_runs, check_throughput, describe, markdown, prediction_test
 from pipelines.spec import RegressionSpec, load_spec
+from tests.homes import copy_home
 from training.config import ConfigError, build_config
 from training.inject import inject_delay
 
@@ -279,19 +280,7 @@ def e2e(aa_history: Any, tmp_path: Path) -> Any:
     into it. Each test's history is the three A/A runs and nothing another test ran before it:
     neither the injected runs nor the run under CPU burners reach another test's history, in
     any order."""
-    import shutil
-    import sqlite3
-
-    old, home = aa_history["home"], tmp_path / "home"
-    shutil.copytree(old, home)
-    for path in (home / "runs").rglob("*.json"):
-        text = path.read_text()
-        if str(old) in text:
-            path.write_text(text.replace(str(old), str(home)))
-    with sqlite3.connect(home / "mlflow.db") as db:
-        db.execute("UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)", (str(old), str(home)))
-        db.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (str(old), str(home)))
-    db.close()
+    home = copy_home(aa_history["home"], tmp_path / "home")
     return {**aa_history, "home": home, "run": _runner(aa_history["spec"], home)}
 
 

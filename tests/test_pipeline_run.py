@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 import pytest
 
 from pipelines.spec import load_spec
+from tests.homes import copy_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -68,16 +67,7 @@ def own_home(pipeline: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     gives it, its paths (ctx.json, the steps' outputs, the store's artifact locations) in the copy."""
     from mlflow import MlflowClient
 
-    old, home = pipeline["home"], tmp_path / "home"
-    shutil.copytree(old, home)
-    for path in (home / "runs").rglob("*.json"):
-        text = path.read_text()
-        if str(old) in text:
-            path.write_text(text.replace(str(old), str(home)))
-    with sqlite3.connect(home / "mlflow.db") as db:
-        db.execute("UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)", (str(old), str(home)))
-        db.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (str(old), str(home)))
-    db.close()
+    home = copy_home(pipeline["home"], tmp_path / "home")
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     return {**pipeline, "home": home, "run_dir": home / "runs" / KEY, "client": client}
 
