@@ -30,20 +30,30 @@ from training.layer_timing import DEFAULT_EVERY, EVERY_ENV
 VARIANTS = {"off": 0, f"k={DEFAULT_EVERY}": DEFAULT_EVERY, "k=1": 1}
 
 
-def in_process(model: str, dataset: str, pairs: int) -> None:
-    """Paired thread CPU time of one iteration with and without sampling (k = 1)."""
+def one_process_step(model: str, dataset: str):
+    """A model, its optimizer and one batch, on one thread: what the in-process overhead
+    benchmarks time an iteration of (this one and bench_memory.py)."""
     import torch
-    import torch.nn.functional as F
 
-    from training.layer_timing import LayerTimer
-    from training.models import build_model, logits_of, natural_input_shape
+    from training.models import build_model, natural_input_shape
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     shape = natural_input_shape(model, (1, 28, 28) if dataset == "digits" else (3, 32, 32))
     net = build_model(model, shape, 10)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(32, *shape), torch.randint(0, 10, (32,))
+    return net, opt, torch.randn(32, *shape), torch.randint(0, 10, (32,))
+
+
+def in_process(model: str, dataset: str, pairs: int) -> None:
+    """Paired thread CPU time of one iteration with and without sampling (k = 1)."""
+    import torch
+    import torch.nn.functional as F
+
+    from training.layer_timing import LayerTimer
+    from training.models import logits_of
+
+    net, opt, x, y = one_process_step(model, dataset)
     timer = LayerTimer(net, torch.device("cpu"), every=1, warmup=0)
 
     def iteration(sample: bool, t: int) -> float:

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ as a package, from anywhere
 
 
 def paired_cost(model: str, dataset: str, pairs: int) -> tuple[float, float]:
@@ -22,15 +26,11 @@ def paired_cost(model: str, dataset: str, pairs: int) -> tuple[float, float]:
     import torch
     import torch.nn.functional as F
 
+    from benchmarks.bench_layer_timing import one_process_step
     from training.memory import HeldState, MemoryMeter, optimizer_tensors
-    from training.models import build_model, logits_of, natural_input_shape
+    from training.models import logits_of
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    shape = natural_input_shape(model, (1, 28, 28) if dataset == "digits" else (3, 32, 32))
-    net = build_model(model, shape, 10)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(32, *shape), torch.randint(0, 10, (32,))
+    net, opt, x, y = one_process_step(model, dataset)
     params = list(net.parameters())
 
     def held() -> HeldState:

@@ -15,13 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from pipelines.spec import load_spec
-from pipelines.spec_load import parse_set
-from tests.test_pipeline_netns import NIGHTLY_CPU, _run_nightly, _sets
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests/ holds the run and its checks; run as a script from anywhere
+
+from pipelines.spec import load_spec  # noqa: E402
+from pipelines.spec_load import parse_set  # noqa: E402
+from tests.test_pipeline_netns import NIGHTLY_CPU, _run_nightly, _sets  # noqa: E402
 
 
 def one(nodes: int) -> None:
