@@ -9,10 +9,19 @@ against its history on its own:
   tonight slows every layer alike and leaves the shares where they were, so a slower layer stands
   out against its siblings whatever the host did;
 - the whole **compute** and the **update** (CPU work): relative to the host-speed canary (their
-  time times the canary's GEMM rate: the work, in the canary's units) where the canary moved
-  tonight beyond its spread in the history (two-sided, p < host_alpha) or where the history is
-  steadier so, raw elsewhere (the canary's own noise would join them);
+  time times the canary's GEMM rate: the work, in the canary's units) where the runs have one,
+  raw without. Their time moves with the host's speed, and only its ratio to the canary's is the
+  workload's alone: a raw test would read a host slower by less than the canary's spread can
+  show (a test of the canary would not call it moved) as a regression of the workload. The
+  canary's own noise joins theirs, the price of a test that holds whatever the host did;
 - **data**, raw.
+
+CPU work (the layers, the update) is in CPU seconds where tonight and every history run have them
+(a CPU rank, training/layer_timing.py): other work on the cores takes a rank off its core in
+slices as long as a small model's layers, which lengthen the wall time of whichever part was
+running, and the host-speed canary, a few milliseconds long, mostly escapes them; CPU seconds
+leave those slices out and, times the canary's rate, are the work done. The attribution moves
+the baseline's wall time of each CPU part as its CPU seconds moved tonight.
 
 The statistic is robust to the heavy tails of a shared host's runs: the history's median and its
 biweight spread, a prediction test against Student's t with the degrees of freedom the biweight's
@@ -53,6 +62,7 @@ MIN_RUNS = 3
 Predictor = Callable[[dict[str, float]], float]
 ALL = "all"  # every component swapped in at once
 SHARES = "layer shares"  # the test that some layer's share of the compute moved
+CPU = "cpu "  # a repeat's part in the layer's CPU seconds
 
 
 def repeat_parts(run_dir: Path) -> dict[str, float] | None:
@@ -66,29 +76,40 @@ def repeat_parts(run_dir: Path) -> dict[str, float] | None:
     for row in table.get("layers", []):
         parts[f"forward {row['name']}"] = float(row["fwd_s"])
         parts[f"backward {row['name']}"] = float(row["bwd_s"])
+        if "fwd_cpu_s" in row:  # the layer's CPU seconds, where the rank read its thread's clock
+            parts[f"{CPU}forward {row['name']}"] = float(row["fwd_cpu_s"])
+            parts[f"{CPU}backward {row['name']}"] = float(row["bwd_cpu_s"])
+    if "update_cpu_s" in table:
+        parts[f"{CPU}update"] = float(table["update_cpu_s"])
     parts["samples"] = float(table.get("sampled_iterations") or 0)
     return parts
 
 
 def run_parts(repeats: list[dict[str, float]]) -> dict[str, Any]:
-    """A run's parts over its repeats: each part's median seconds, and the in-situ samples they rest on."""
+    """A run's parts over its repeats: each part's median seconds (wall in `seconds`, the layers'
+    CPU seconds in `cpu_seconds` where every repeat has them), and the in-situ samples they rest on."""
     keys = set.intersection(*(set(r) for r in repeats)) - {"samples"}
-    return {"seconds": {k: statistics.median(r[k] for r in repeats) for k in sorted(keys)},
-            "samples": int(sum(r.get("samples", 0) for r in repeats))}
+    median = {k: statistics.median(r[k] for r in repeats) for k in sorted(keys)}
+    out = {"seconds": {k: v for k, v in median.items() if not k.startswith(CPU)},
+           "samples": int(sum(r.get("samples", 0) for r in repeats))}
+    cpu = {k.removeprefix(CPU): v for k, v in median.items() if k.startswith(CPU)}
+    return out | ({"cpu_seconds": cpu} if cpu else {})
 
 
-def figures(parts: dict[str, Any], canary_gemm_log: float | None) -> dict[str, float]:
+def figures(parts: dict[str, Any], canary_gemm_log: float | None, cpu: bool = False) -> dict[str, float]:
     """The tested figure of each component, in logs: layer shares of the compute; the compute and
-    the update relative to the canary (raw without one); data raw."""
+    the update relative to the canary (raw without one); data raw. With `cpu` the CPU work (the
+    layers, the update) is in its CPU seconds, the data phase (a wait on memory or a loader) in wall."""
     sec = parts["seconds"]
-    layers = {k: v for k, v in sec.items() if k.startswith(("forward ", "backward "))}
+    work = parts["cpu_seconds"] if cpu else sec
+    layers = {k: v for k, v in work.items() if k.startswith(("forward ", "backward "))}
     total = sum(layers.values())
     out: dict[str, float] = {}
     if total > 0:
         out["compute"] = math.log(total) + (canary_gemm_log or 0.0)
         out |= {f"{k} share": math.log(v / total) for k, v in layers.items() if v > 0}
-    if sec.get("update", 0) > 0:
-        out["update"] = math.log(sec["update"]) + (canary_gemm_log or 0.0)
+    if work.get("update", 0) > 0:
+        out["update"] = math.log(work["update"]) + (canary_gemm_log or 0.0)
     if sec.get("data", 0) > 0:
         out["data"] = math.log(sec["data"])
     return out
@@ -230,27 +251,34 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
             or len(past) < MIN_RUNS:
         return None
     has_canary = now.get("canary_gemm_log") is not None and all(h.get("canary_gemm_log") is not None for h in past)
-    raw_now, raw_hist = figures(now["parts"], None), [figures(h["parts"], None) for h in past]
+    # CPU seconds only where every run has them: a history in wall seconds is no baseline for them.
+    cpu = all(_has_cpu_seconds(r["parts"]) for r in [now, *past])
+    raw_now, raw_hist = figures(now["parts"], None, cpu), [figures(h["parts"], None, cpu) for h in past]
     tests = {c: robust_test(v, [f[c] for f in raw_hist]) | {"basis": "raw"} for c, v in raw_now.items()
              if all(c in f for f in raw_hist)}
     moved = False
     if has_canary:
         host = robust_test(now["canary_gemm_log"], [h["canary_gemm_log"] for h in past])
         moved = 2 * min(host["p_value"], 1 - host["p_value"]) < host_alpha
-        rel_now = figures(now["parts"], now["canary_gemm_log"])
-        rel_hist = [figures(h["parts"], h["canary_gemm_log"]) for h in past]
-        # The CPU work relative to the canary where the host moved tonight beyond its spread (the
-        # host's change is no regression), and where the history says dividing by the canary
-        # steadies it; raw elsewhere (the canary's own noise would join it). Chosen from the
-        # history alone, so the test stays a test at alpha.
+        rel_now = figures(now["parts"], now["canary_gemm_log"], cpu)
+        rel_hist = [figures(h["parts"], h["canary_gemm_log"], cpu) for h in past]
         for c in ("compute", "update"):
-            if c in tests and (moved or biweight_sd([f[c] for f in rel_hist]) < biweight_sd([f[c] for f in raw_hist])):
+            if c in tests:
                 tests[c] = robust_test(rel_now[c], [f[c] for f in rel_hist]) | {"basis": "canary"}
     adjusted = gatekept({c: t["p_value"] for c, t in tests.items()})
     base = baseline_parts([h["parts"] for h in past])
     seconds = now["parts"]["seconds"]
-    if moved:  # CPU work in the history's host speed: what the workload did, not what the host did
+    # CPU work in the history's host speed, as the canary says it: what the workload did, not
+    # what the host did.
+    speed = 1.0
+    if has_canary:
         speed = math.exp(now["canary_gemm_log"] - statistics.median(h["canary_gemm_log"] for h in past))
+    if cpu:  # the baseline's wall time of each CPU part, moved as its CPU seconds moved tonight
+        base_cpu = baseline_parts([{"seconds": h["parts"]["cpu_seconds"]} for h in past])
+        now_cpu = now["parts"]["cpu_seconds"]
+        seconds = {k: base[k] * now_cpu[k] * speed / base_cpu[k] if k in now_cpu and base_cpu.get(k, 0) > 0
+                   and k in base else v for k, v in seconds.items()}
+    else:
         seconds = {k: v if k == "data" else v * speed for k, v in seconds.items()}
     try:
         attribution = attribute(seconds, base, predict, list(tests))
@@ -267,8 +295,14 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     return {"tests": rows, "flagged": _named_first(rows),
             "attribution": [r for r in attribution if r["component"] != ALL],
             "explained": explains.get(ALL, 0.0), "model": predict is not None,
-            "host_moved": moved,
+            "host_moved": moved, "work": "cpu" if cpu else "wall",
             "samples": now["parts"].get("samples"), "history_runs": len(past), "method": "closed testing, Holm"}
+
+
+def _has_cpu_seconds(parts: dict[str, Any]) -> bool:
+    """Whether a run's parts carry CPU seconds for each of its CPU parts (the layers' phases, the update)."""
+    work = {k for k in parts["seconds"] if k.startswith(("forward ", "backward ")) or k == "update"}
+    return any(k != "update" for k in work) and work <= set(parts.get("cpu_seconds") or {})
 
 
 def _named_first(rows: list[dict[str, Any]]) -> list[str]:

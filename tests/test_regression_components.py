@@ -20,13 +20,20 @@ GRID = REPO / "tests" / "fixtures" / "grids" / "onehost"
 
 
 def _run(rng: random.Random, layers: dict[str, float], host: float, slow: dict[str, float] | None = None,
-         noise: float = 0.03) -> dict:
+         noise: float = 0.03, cpu: bool = False, stolen: dict[str, float] | None = None) -> dict:
     """One run's run-level figures: every part scaled by the host's speed (shared), each with its own
-    noise; `slow` multiplies named parts (a regression of the workload)."""
+    noise; `slow` multiplies named parts (a regression of the workload). With `cpu` the layers'
+    CPU seconds are read too; `stolen` adds wall seconds to named parts that the CPU clock does
+    not see (the rank off its core while other work runs)."""
     seconds = {k: v * host * math.exp(rng.gauss(0, noise)) * (slow or {}).get(k, 1.0) for k, v in layers.items()}
+    parts = dict(seconds)
+    if cpu:
+        parts |= {f"{rc.CPU}{k}": v for k, v in seconds.items() if k != "data"}
+    for k, extra in (stolen or {}).items():
+        parts[k] += extra
     repeat = {"log_thr": -math.log(sum(seconds.values())), "within_var": None, "within_df": None,
               "canary_gemm_log": math.log(100.0 / host) + rng.gauss(0, noise),
-              "parts": {**seconds, "samples": 10}}
+              "parts": {**parts, "samples": 10}}
     return run_level([repeat])
 
 
@@ -40,14 +47,15 @@ def _workload(rng: random.Random, n_layers: int) -> dict[str, float]:
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 10**6), n_layers=st.integers(2, 8), slowdown=st.floats(0.15, 0.30),
-       kind=st.sampled_from(["layer", "layer phase", "compute", "update", "data"]))
-def test_a_slowed_component_is_flagged_and_named_first(seed: int, n_layers: int, slowdown: float, kind: str) -> None:
+       kind=st.sampled_from(["layer", "layer phase", "compute", "update", "data"]), cpu=st.booleans())
+def test_a_slowed_component_is_flagged_and_named_first(seed: int, n_layers: int, slowdown: float, kind: str,
+                                                       cpu: bool) -> None:
     rng = random.Random(seed)
     work = _workload(rng, n_layers)
     # Each part and the canary with 2% noise of their own, the host's speed with 10% between runs:
     # a 15% slowdown of the iteration stands 6 of its noise's SDs out (below that, a family of
     # components at alpha 0.01 misses some; the benchmark measures where real runs stand).
-    history = [_run(rng, work, math.exp(rng.gauss(0, 0.1)), noise=0.02) for _ in range(10)]
+    history = [_run(rng, work, math.exp(rng.gauss(0, 0.1)), noise=0.02, cpu=cpu) for _ in range(10)]
     iteration = sum(work.values())
     layers = [k for k in work if k.startswith(("forward", "backward"))]
     expect: str | set[str]
@@ -63,10 +71,17 @@ def test_a_slowed_component_is_flagged_and_named_first(seed: int, n_layers: int,
         slow, expect = dict.fromkeys(layers, 1 + slowdown / share), {"compute"}
     else:
         slow, expect = {kind: 1 + slowdown * iteration / work[kind]}, {kind}
-    now = _run(rng, work, math.exp(rng.gauss(0, 0.1)), slow, noise=0.02)
+    now = _run(rng, work, math.exp(rng.gauss(0, 0.1)), slow, noise=0.02, cpu=cpu)
     check = rc.check_components(now, history, alpha=0.01, min_effect=0.05)
-    assert check is not None and check["flagged"], check["tests"][:3]
+    assert check is not None and check["flagged"] and check["work"] == ("cpu" if cpu else "wall"), \
+        check["tests"][:3]
+    shares = [c for c in check["flagged"] if c.endswith(" share")]
+    if kind.startswith("layer") and not shares:
+        # A layer that makes up most of the compute moves its own share little (the rest shrinks
+        # with it): below the shares' power the compute, which it moved, is what the data names.
+        expect = {"compute"}
     assert check["flagged"][0] in expect, (check["flagged"], check["tests"][:3])
+    assert not shares or shares[0] in expect, (check["flagged"], check["tests"][:3])
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -81,6 +96,29 @@ def test_a_host_slowed_for_every_workload_is_no_components_regression(seed: int,
     check = rc.check_components(now, history, alpha=0.01, min_effect=0.05)
     assert check is not None
     assert [c for c in check["flagged"] if c != "data"] == [], check["tests"][:3]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10**6), n_layers=st.integers(2, 8), host=st.floats(1.0, 1.5),
+       stolen=st.floats(0.5, 1.0))
+def test_time_slices_taken_by_other_work_move_no_cpu_share(seed: int, n_layers: int, host: float,
+                                                          stolen: float) -> None:
+    """Other work takes the rank off its core for a slice that lands on one layer's wall time (and
+    slows the host's clock besides): no CPU work is flagged, and the same runs judged by their
+    wall seconds name that layer (what the CPU clock is read for)."""
+    rng = random.Random(seed)
+    work = _workload(rng, n_layers)
+    compute = sum(v for k, v in work.items() if k.startswith(("forward ", "backward ")))
+    victim = rng.choice([k for k in work if k.startswith(("forward ", "backward "))])
+    history = [_run(rng, work, math.exp(rng.gauss(0, 0.03)), cpu=True) for _ in range(10)]
+    now = _run(rng, work, host, cpu=True, stolen={victim: stolen * compute * host})
+    check = rc.check_components(now, history, alpha=0.01, min_effect=0.05)
+    assert check is not None and check["work"] == "cpu"
+    assert [c for c in check["flagged"] if c != "data"] == [], check["tests"][:3]
+    wall = rc.check_components(now, [h | {"parts": {k: v for k, v in h["parts"].items() if k != "cpu_seconds"}}
+                                     for h in history], alpha=0.01, min_effect=0.05)
+    assert wall is not None and wall["work"] == "wall"
+    assert f"{victim} share" in wall["flagged"], wall["tests"][:3]
 
 
 def test_holm_keeps_the_familys_false_alarms_at_alpha() -> None:

@@ -65,3 +65,51 @@ def test_a_cuda_profile_times_every_layer_with_events() -> None:
     table = profile_layers("lenet5", 8, device="cuda", warmup=1, repeats=3)
     assert table["environment"]["gpu_model"] == torch.cuda.get_device_name(0)
     assert all(layer["fwd_s"] > 0 and layer["bwd_s"] > 0 for layer in table["layers"])
+
+
+@pytest.mark.parametrize("off_core", [True, False])
+def test_a_cpu_layers_cpu_seconds_leave_out_the_time_it_was_off_its_core(off_core: bool) -> None:
+    """A wait inside one layer's forward (the rank off its core, as when other work takes it)
+    lengthens that layer's wall time and not its CPU seconds; as much work (a spin) lengthens both."""
+    from training.inject import spin
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the calling thread's clock holds all of a layer's work
+    try:
+        net = build_model("lenet5", (1, 28, 28), 10)
+        victim = next(m for m in net.modules() if isinstance(m, torch.nn.Linear))
+        victim.register_forward_hook(lambda *_: time.sleep(0.03) if off_core else spin(0.03))
+        sampler = LayerTimer(net, torch.device("cpu"), every=1, warmup=0)
+        assert sampler.cpu_clock
+        x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+        for step in range(3):
+            sampler.arm(step)
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            sampler.backward()
+            loss.backward()
+            sampler.collect()
+        records = [{"step": s, "phases": {"forward": [0.0, 1.0], "backward": [1.0, 2.0]}} for s in range(3)]
+        table = sampler.table(records, "lenet5", 4)
+    finally:
+        torch.set_num_threads(threads)
+    assert table is not None
+    rows = {r["name"]: r for r in table["layers"]}
+    name = next(n for n, m in net.named_modules() if m is victim)
+    wall = [s[victim][0] for s in sampler.samples]
+    cpu = rows[name]["fwd_cpu_s"]
+    assert min(wall) >= 0.03
+    if off_core:
+        assert cpu < 0.03 <= min(wall) - cpu, (cpu, wall)
+    else:
+        assert cpu >= 0.03, (cpu, wall)
+    assert all(r["fwd_cpu_s"] >= 0 and r["bwd_cpu_s"] > 0 for r in rows.values()), rows
+
+
+def test_with_more_intra_op_threads_no_cpu_seconds_are_read() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        sampler = LayerTimer(build_model("lenet5", (1, 28, 28), 10), torch.device("cpu"), every=1, warmup=0)
+    finally:
+        torch.set_num_threads(threads)
+    assert not sampler.cpu_clock

@@ -9,6 +9,15 @@ layer is charged the time since the previous stamp and parameter-free work lands
 layer that owns parameters. On CUDA the stamps are CUDA events, read after the iteration's own
 synchronisation, so sampling adds no synchronisation of its own.
 
+On a CPU rank with one intra-op thread each stamp also reads the thread's CPU clock, and the
+table carries each layer's CPU seconds (`fwd_cpu_s`, `bwd_cpu_s`) and the update's
+(`update_cpu_s`, read by the timeline on every iteration). Where other work shares the
+cores, the scheduler takes the rank off its core in slices of milliseconds, as long as a small
+model's layers: the wall time of the layer that was running when it did grows by the whole slice,
+so the layers' shares of the wall time move with the host's load, while their CPU seconds are
+the work the layer did (docs/regression.md, "Components"). With more intra-op threads the
+calling thread's clock misses the pool's work, and CUDA kernels run off the host: no CPU seconds.
+
 The sampled iterations give each layer's share of the pass; the totals are the run's own
 median forward and backward over every measured iteration of the rank's timeline, which the
 trainer records anyway. The DAG fed with this table predicts what the model itself gets wrong,
@@ -20,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +68,10 @@ class LayerTimer:
         self.cuda = self.timer.cuda
         self.names = {m: n for n, m in net.named_modules()}
         self.owners = [m for m in net.modules() if any(True for _ in m.parameters(recurse=False))]
+        # The calling thread's CPU clock beside each stamp, where it holds all of a layer's work.
+        self.cpu_clock = not self.cuda and torch.get_num_threads() == 1
         self.samples: list[dict[nn.Module, tuple[float, float]]] = []
+        self.cpu_samples: list[dict[nn.Module, tuple[float, float]]] = []
         self.out_bytes: dict[nn.Module, int] = {}
         self._handles: list[Any] = []
         self._fwd: list[tuple[nn.Module, Any]] = []
@@ -67,10 +80,11 @@ class LayerTimer:
         self._bstart: Any = None
 
     def _stamp(self) -> Any:
-        return self.timer.stamp()
+        """The device stamp, and the thread's CPU clock with it where it is read."""
+        return (self.timer.stamp(), time.thread_time()) if self.cpu_clock else (self.timer.stamp(), 0.0)
 
     def _elapsed(self, a: Any, b: Any) -> float:
-        return self.timer.elapsed(a, b)
+        return self.timer.elapsed(a[0], b[0])
 
     def arm(self, step: int) -> None:
         """Before the forward of `step`: hooks on, if this iteration is sampled."""
@@ -105,20 +119,26 @@ class LayerTimer:
             h.remove()
         self._handles = []
         self.timer.settle()
+        self.samples.append(self._charge(self._elapsed))
+        if self.cpu_clock:
+            self.cpu_samples.append(self._charge(lambda a, b: b[1] - a[1]))
+
+    def _charge(self, elapsed: Any) -> dict[nn.Module, tuple[float, float]]:
+        """Each layer's forward and backward of the sampled iteration, by the clock `elapsed` reads."""
         fwd: dict[nn.Module, float] = {}
         bwd: dict[nn.Module, float] = {}
         prev = self._start
         for m, s in self._fwd:
-            fwd[m] = fwd.get(m, 0.0) + self._elapsed(prev, s)
+            fwd[m] = fwd.get(m, 0.0) + elapsed(prev, s)
             prev = s
         if self._fwd:  # the loss, as the profiler charges it: to the last layer
             last = self._fwd[-1][0]
-            fwd[last] += self._elapsed(prev, self._bstart)
+            fwd[last] += elapsed(prev, self._bstart)
         prev = self._bstart
         for m, s in self._bwd:
-            bwd[m] = bwd.get(m, 0.0) + self._elapsed(prev, s)
+            bwd[m] = bwd.get(m, 0.0) + elapsed(prev, s)
             prev = s
-        self.samples.append({m: (fwd.get(m, 0.0), bwd.get(m, 0.0)) for m in fwd})
+        return {m: (fwd.get(m, 0.0), bwd.get(m, 0.0)) for m in fwd}
 
     def table(self, records: list[dict[str, Any]], model: str, batch_size: int) -> dict[str, Any] | None:
         """The in-situ layer table: each layer's median share of the sampled passes, scaled to the
@@ -149,7 +169,7 @@ class LayerTimer:
                 "param_bytes": sum(p.numel() * p.element_size() for p in ps),
                 "param_tensor_bytes": [p.numel() * p.element_size() for p in ps],
                 "output_bytes": self.out_bytes.get(m, 0),
-            })
+            } | self._cpu_row(m))
         return {
             "model": model,
             "batch_size": batch_size,
@@ -160,6 +180,7 @@ class LayerTimer:
             # The worker's update phase: the optimizer step under allreduce, loading the pulled
             # weights under a parameter server (the profile's unpack); kept as measured.
             "update_s": statistics.median(span(r, "update") for r in measured),
+            **self._cpu_update(measured),
             # Whole-iteration compute of every measured iteration (data, forward, backward): the
             # run's own jitter, which a barrier waits for.
             "iteration_samples_s": [span(r, "data") + span(r, "forward") + span(r, "backward") for r in measured],
@@ -167,6 +188,18 @@ class LayerTimer:
             "sampling_every": self.every,
             "measured_iterations": len(measured),
         }
+
+    def _cpu_row(self, m: nn.Module) -> dict[str, float]:
+        """The layer's median CPU seconds over the sampled passes, unscaled (none without the clock)."""
+        if not self.cpu_samples:
+            return {}
+        return {"fwd_cpu_s": statistics.median(s[m][0] for s in self.cpu_samples if m in s),
+                "bwd_cpu_s": statistics.median(s[m][1] for s in self.cpu_samples if m in s)}
+
+    def _cpu_update(self, measured: list[dict[str, Any]]) -> dict[str, float]:
+        """The update phase's median CPU seconds, where the timeline read the clock for it."""
+        cpu = [r["cpu_s"]["update"] for r in measured if "update" in r.get("cpu_s", {})]
+        return {"update_cpu_s": statistics.median(cpu)} if self.cpu_clock and cpu else {}
 
     def write(self, out: Path, records: list[dict[str, Any]], model: str, batch_size: int) -> Path | None:
         table = self.table(records, model, batch_size)

@@ -38,6 +38,9 @@ class Timeline:
         # Work added at the end of a phase, inside it: a slowdown injected to test the regression
         # alarm (training/inject.py).
         self.slowdowns: dict[str, Callable[[], None]] = {}
+        # Phases whose CPU seconds of the calling thread a record also carries (`cpu_s`): set where
+        # that thread does all of the phase's work (training/layer_timing.py says when).
+        self.cpu_phases: tuple[str, ...] = ()
 
     @property
     def step(self) -> int | None:
@@ -64,9 +67,12 @@ class Timeline:
     def phase(self, name: str) -> Iterator[None]:
         self.current = f"{name} of step {self._current['step'] if self._current else '?'}"
         start = self.now()
+        cpu = time.thread_time() if name in self.cpu_phases else None
         yield
         if (slowdown := self.slowdowns.get(name)) is not None:
             slowdown()
+        if cpu is not None and self._current is not None:
+            self._current.setdefault("cpu_s", {})[name] = time.thread_time() - cpu
         self.mark(name, start, self.now())
 
     @contextmanager

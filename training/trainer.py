@@ -102,6 +102,8 @@ class Trainer:
         self.loss_value = float("nan")
         # Per-layer compute sampled in situ every k-th iteration (layers_insitu.json).
         self.layer_timer = LayerTimer(self.net, device, sampling_every(), cfg.measure_warmup)
+        if self.layer_timer.cpu_clock:
+            timeline.cpu_phases = ("update",)
         # Memory on the same iterations: the state the strategy holds and the activations saved.
         self.memory = MemoryMeter(device, self.strategy.held_state, sampling_every(), cfg.measure_warmup)
         # A known slowdown in one component, to test the regression alarm (none without a delay).
