@@ -50,7 +50,7 @@ from infra.base import (
 )
 from infra.lifeline import Launcher, importable_env
 from infra.options import PlacementOptions, integer_at_least
-from modelling.units import parse_rate  # bytes per second
+from infra.units import parse_rate  # bytes per second
 
 _PREFIX = "ddlb"
 _NS_RE = re.compile(rf"^{_PREFIX}-(\d+)-([0-9a-f]{{6}})-(\d+)$")

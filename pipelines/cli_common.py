@@ -13,7 +13,7 @@ PATH = click.Path(path_type=Path)
 
 
 def bandwidth(_ctx, param, value: str | None) -> float | None:
-    from modelling.units import parse_bandwidth
+    from infra.units import parse_bandwidth
 
     if value is None:
         return None

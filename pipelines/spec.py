@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra import bounds
-from modelling.units import parse_rate
+from infra.units import parse_rate
 from pipelines.spec_load import (
     SpecError,
     by_field,

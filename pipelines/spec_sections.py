@@ -3,7 +3,7 @@ workloads, algorithms, network, microbench, profile, what-ifs, regression, track
 
 The profile and microbench sections are modelling's own settings
 (modelling.configs) with an `enabled` flag; link rates read through
-modelling.units.parse_rate.
+infra.units.parse_rate.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra import bounds
+from infra.units import parse_rate
 from modelling.configs import MicrobenchSettings, ProfileSettings
-from modelling.units import parse_rate
 from training.config import Algorithm, Comm, InputShape, check_input_shape, default_comm
 from training.gpt_shape import GPT_OPTIONS
 

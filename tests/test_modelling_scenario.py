@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from infra.units import parse_rate
 from modelling.configs import MicrobenchConfig, ProfileConfig
 from modelling.scenario import Scenario
-from modelling.units import parse_rate
 from pipelines.spec_sections import MicrobenchSpec, ProfileSpec
 from training.config import TrainConfig, build_config, default_comm
 

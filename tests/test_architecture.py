@@ -1,0 +1,55 @@
+"""The house's plan, kept by the suite (issue 52): the floors infra < training < modelling <
+pipelines < dags, each importing only the floors below it, as import-linter contracts in
+pyproject.toml."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _floors() -> list[str]:
+    """The floors, top first, as the layers contract lists them."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [layers] = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    return layers
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT), "--config", str(REPO / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_floors_are_the_projects_packages_bottom_to_top() -> None:
+    assert _floors() == ["dags", "pipelines", "modelling", "training", "infra"]
+
+
+def test_every_import_of_the_project_keeps_to_its_floor() -> None:
+    done = _lint(REPO)
+    assert done.returncode == 0 and "0 broken" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_an_import_up_a_floor_breaks_the_contract(tmp_path: Path) -> None:
+    """A tree of the five packages where each floor imports every floor above it, inside a
+    function as well as at the top: the contract names every one of them."""
+    floors = _floors()
+    for name in floors:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+        (tmp_path / name / "leaf.py").write_text("")
+    pairs = [(low, high) for high, low in itertools.combinations(floors, 2)]  # low below high
+    for i, (low, high) in enumerate(pairs):
+        body = f"import {high}.leaf\n" if i % 2 else f"def late():\n    from {high} import leaf\n"
+        (tmp_path / low / f"up_{i}.py").write_text(body)
+    done = _lint(tmp_path)
+    assert done.returncode != 0, done.stdout
+    for low, high in pairs:
+        assert f"{low} is not allowed to import {high}" in done.stdout, (low, high, done.stdout[-3000:])
