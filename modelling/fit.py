@@ -263,13 +263,3 @@ def load_comm_model(path: Path) -> dict[str, Any]:
         if missing:
             raise CommModelError(f"{path}: fits[{i}] lacks {', '.join(sorted(missing))}")
     return data
-
-
-def __getattr__(name: str) -> Any:
-    """Look-up lives apart from fitting (modelling/costs.py); `from modelling.fit import
-    CommCosts` still finds it there."""
-    if name == "CommCosts":
-        from modelling.costs import CommCosts
-
-        return CommCosts
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

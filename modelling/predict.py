@@ -311,7 +311,7 @@ def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None, insitu: bool =
     return work / min(host_cores, s.ranks)
 
 
-def _scenario(scenario: Scenario | None, settings: dict[str, Any]) -> Scenario:
+def resolve_scenario(scenario: Scenario | None, settings: dict[str, Any]) -> Scenario:
     """The scenario given, or one from the keyword settings of the older call
     (algorithm=, comm_mode=, servers=, bandwidth_bytes_per_s=, bucket_mb=, ...)."""
     if scenario is not None:
@@ -328,7 +328,7 @@ def cores_of(comm_model: dict[str, Any]) -> int | None:
     return (comm_model.get("environment") or {}).get("cpu_count")
 
 
-def _decided(s: Scenario, comm_model: dict[str, Any]) -> Scenario:
+def decided_scenario(s: Scenario, comm_model: dict[str, Any]) -> Scenario:
     """comm_on_cpu None: whether the comm model is loopback for this world, and the world
     itself on one node (placed over nodes, its transfers cross links)."""
     if s.comm_on_cpu is not None:
@@ -354,7 +354,7 @@ def predict(
     of a Scenario (algorithm=, comm_mode= for comm, servers=, bucket_mb=, ...) work in
     its place. bucket_mb <= 0 means per-layer WFBP. comm_on_cpu: transfers hold the CPUs
     at their ends (None: when the comm model is loopback)."""
-    scenario = _scenario(scenario, settings)
+    scenario = resolve_scenario(scenario, settings)
     layers = table(layers)
     sizes = [scenario.workers] if workers is None else list(workers)
     if any(n < 1 for n in sizes):
@@ -363,7 +363,7 @@ def predict(
     host_cores = cores_of(comm_model)
     out = []
     for n in sizes:
-        s = _decided(scenario.with_workers(n), comm_model)
+        s = decided_scenario(scenario.with_workers(n), comm_model)
         try:
             out.append(predict_one(layers, comm, s, host_cores))
         except CommModelError as err:  # NoPrediction among them
@@ -371,13 +371,3 @@ def predict(
                 raise
             out.append(no_prediction(s, str(err)))
     return out
-
-
-def __getattr__(name: str) -> Any:
-    """The predicted timeline and its Gantt chart and Chrome trace live in modelling/trace.py;
-    `from modelling.predict import predicted_timeline` still finds them there."""
-    if name in ("predicted_timeline", "write_chrome_trace", "write_gantt"):
-        from modelling import trace
-
-        return getattr(trace, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

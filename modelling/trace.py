@@ -10,7 +10,7 @@ from typing import Any
 from modelling.cores import on_shared_cores
 from modelling.costs import CommCosts
 from modelling.dag import Plan, build_plan
-from modelling.predict import WORKER_TASKS, _decided, _scenario, build_costs, cores_of, table
+from modelling.predict import WORKER_TASKS, build_costs, cores_of, decided_scenario, resolve_scenario, table
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, simulate
 
@@ -23,7 +23,7 @@ def predicted_timeline(
     """The simulated schedule as timeline records (training/timeline.py's format):
     one record per worker (class) and step, and per server shard and step.
     Called as `predict` is, with one world size (workers=N among the settings)."""
-    s = _decided(_scenario(scenario, settings), comm_model)
+    s = decided_scenario(resolve_scenario(scenario, settings), comm_model)
     layers = table(layers)
     costs = build_costs(layers, CommCosts(comm_model, s.bandwidth_bytes_per_s), s)
     costs, cores = on_shared_cores(costs, layers, s, cores_of(comm_model))

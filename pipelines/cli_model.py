@@ -119,8 +119,9 @@ def predict_cmd(
     """Predict iteration time and throughput per world size from the DAG model."""
     from modelling.fit import load_comm_model
     from modelling.layers import load_layers
-    from modelling.predict import predict, predicted_timeline, write_chrome_trace, write_gantt
+    from modelling.predict import predict
     from modelling.scenario import Scenario
+    from modelling.trace import predicted_timeline, write_chrome_trace, write_gantt
 
     try:
         scenario = Scenario.of(

@@ -12,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.placement import place
+from modelling.costs import CommCosts
 from modelling.dag import build_plan
-from modelling.fit import CommCosts, fit_comm
+from modelling.fit import fit_comm
 from modelling.links import ps_link_queue
-from modelling.predict import build_costs, expected_straggle, predict, predicted_timeline
+from modelling.predict import build_costs, expected_straggle, predict
 from modelling.scenario import Scenario
+from modelling.trace import predicted_timeline
 from tests.test_modelling_fit import SIZES, synthetic_comm
 from tests.test_modelling_predict import layer_table
 from training.summary import shared_paces, worker_paces
@@ -352,7 +354,7 @@ def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, e
     import yaml
 
     from pipelines.spec import validate_spec
-    from pipelines.stages.model import _placements, _predictions
+    from pipelines.stages.model import _placements, predictions
     from pipelines.stages.runner import workload_dir
 
     values = yaml.safe_load((REPO / "specs" / "smoke.yaml").read_text())
@@ -364,7 +366,7 @@ def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, e
     assert placed[(2, 1)] == expected
     assert placed[(2, 0)] == (0, 1)  # allreduce: the workers only
     layers = {workload_dir(spec.workloads[0], 32): TABLE}
-    rows = _predictions(spec, layers, fit_comm(_ps_comm(expected), link_bytes_per_s=LINK))
+    rows = predictions(spec, layers, fit_comm(_ps_comm(expected), link_bytes_per_s=LINK))
     [row] = [r for r in rows if not r["what_if"]]
     assert row["iter_time_s"] == pytest.approx(COMPUTE + round_s + SERVER + UNPACK, rel=1e-6)
 
@@ -632,11 +634,11 @@ def test_an_asgd_worker_that_laps_the_others_is_a_pace_not_an_error(mbit: int) -
     [r] = predict(TABLE, comm, scenario)
     assert r["no_prediction"] is None
     t = ALPHA + M / rate
-    costs = build_costs(TABLE, CommCosts(comm), mp._decided(scenario, comm))
+    costs = build_costs(TABLE, CommCosts(comm), mp.decided_scenario(scenario, comm))
     for c in (costs, mp.without_compute(costs)):
-        plan, _, paces = mp._steady_state(c, mp._decided(scenario, comm))
+        plan, _, paces = mp._steady_state(c, mp.decided_scenario(scenario, comm))
         assert paces["worker0"] < paces["worker1"] / 10  # it laps worker 1
-    _, _, paces = mp._steady_state(costs, mp._decided(scenario, comm))
+    _, _, paces = mp._steady_state(costs, mp.decided_scenario(scenario, comm))
     assert paces["worker1"] == pytest.approx(COMPUTE + 2 * t + APPLY + UNPACK, rel=1e-6)
     assert r["iter_time_s"] == pytest.approx((paces["worker0"] + paces["worker1"]) / 2, rel=1e-9)
     # Worker 0 waits for the shard that worker 1's passes hold, so the mean exceeds compute +

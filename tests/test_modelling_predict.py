@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from modelling.fit import fit_comm
 from modelling.layers import LayersError, write_layers
-from modelling.predict import predict, predicted_timeline, write_chrome_trace, write_gantt
+from modelling.predict import predict
+from modelling.trace import predicted_timeline, write_chrome_trace, write_gantt
 from pipelines.cli import cli
 from tests.test_modelling_fit import synthetic_comm
 from training.timeline import WORKER_PHASES, to_chrome_trace
@@ -380,14 +381,14 @@ def test_the_predict_stage_writes_a_row_for_every_configuration_predicted_or_not
     from modelling.fit import fit_comm, load_comm
     from modelling.layers import load_layers
     from pipelines.spec import load_spec
-    from pipelines.stages.model import _predictions
+    from pipelines.stages.model import predictions
     from tests.grid_fixtures import GRIDS
 
     grid = GRIDS / "onehost"
     spec = load_spec(grid / "spec.yaml")
     comm = load_comm(grid / "comm.json")
     comm["measurements"] = [m for m in comm["measurements"] if m["primitive"] not in ("ps", "p2p", "asgd")]
-    rows = _predictions(spec, {"mlp-digits-b32": load_layers(grid / "layers.json")}, fit_comm(comm))
+    rows = predictions(spec, {"mlp-digits-b32": load_layers(grid / "layers.json")}, fit_comm(comm))
     assert len(rows) == 4 * 2  # 4 algorithms x (2 workers, the what-if 4)
     for r in rows:
         if r["algorithm"] == "ssgd-allreduce":
@@ -533,7 +534,7 @@ def test_a_pipeline_is_read_once_its_backlog_has_built_up() -> None:
     comm = fit_comm(synthetic_comm(1.471054461226742e-05, 2.576561871353257e-07, 0.0, workers=4, servers=3),
                     link_bytes_per_s=rate)
     table = layer_table([0.0012800216790329836], [0.007163377131532271], [1000])
-    scenario = mp._decided(Scenario.of("t", algorithm="odsgd", comm="ps", workers=50, servers=3,
+    scenario = mp.decided_scenario(Scenario.of("t", algorithm="odsgd", comm="ps", workers=50, servers=3,
                                        node_of_rank=place(50, 3, 3, "colocated").node_of_rank), comm)
     [r] = predict(table, comm, scenario)
     plan = build_plan(mp.build_costs(table, CommCosts(comm), scenario), scenario, 192)

@@ -119,7 +119,7 @@ def prediction_intervals(ctx: RunContext, history: list[float] | None = None) ->
     interval on the history's scores widened to hold it."""
     from modelling.calibration import interval
     from modelling.fit import CommModelError
-    from pipelines.stages.model import _predictions
+    from pipelines.stages.model import predictions
 
     path = ctx.paths.predictions
     if not path.exists():
@@ -130,7 +130,7 @@ def prediction_intervals(ctx: RunContext, history: list[float] | None = None) ->
     redone: list[list[dict[str, Any]]] = []
     for i, model in itertools.product(range(rounds), models):
         try:
-            redone.append(_predictions(spec, {k: v[min(i, len(v) - 1)] for k, v in tables.items()}, model))
+            redone.append(predictions(spec, {k: v[min(i, len(v) - 1)] for k, v in tables.items()}, model))
         except CommModelError:
             continue
     out = []

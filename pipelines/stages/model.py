@@ -44,7 +44,7 @@ def fit(ctx: RunContext) -> dict:
     return run_once(ctx, "fit", body)
 
 
-def _predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> list[dict[str, Any]]:
+def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> list[dict[str, Any]]:
     """Every algorithm at the grid's and the what-if world sizes, at the measured and what-if rates."""
     from modelling.calibration import domain
     from modelling.predict import cores_of
@@ -126,7 +126,7 @@ def predict(ctx: RunContext) -> dict:
         # inputs' spread joins it in the validate stage (validation.json's `predictions`).
         history = history_scores(t, ctx.hardware)
         rows = [r | interval(r["iter_time_s"], None, None, history, r["domain"])
-                for r in _predictions(spec, layers_by, model)]
+                for r in predictions(spec, layers_by, model)]
         path = write_json(ctx.paths.predictions, rows)
         t.log_artifact(node, path)
         t.log_table(node, columns(rows), "predictions_table.json")
