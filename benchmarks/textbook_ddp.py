@@ -20,7 +20,7 @@ from training.config import build_config
 from training.datasets import GlobalBatchSampler, load_dataset
 from training.gpt_shape import is_gpt
 from training.models import build_model
-from training.trainer import resolve_input_shape
+from training.shape import resolve_input_shape
 
 
 def main() -> None:

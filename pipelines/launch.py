@@ -65,8 +65,8 @@ def _filled(out: Path, raised: dict[int, str]) -> bool:
 
 def _check_model_builds(cfg: TrainConfig) -> None:
     from training.models import check_model_trains
+    from training.shape import resolve_input_shape
     from training.text import corpus_vocab
-    from training.trainer import resolve_input_shape
 
     check_model_trains(cfg.model, resolve_input_shape(cfg), cfg.num_classes or corpus_vocab(cfg.dataset),
                        cfg.batch_size, cfg.model_options)

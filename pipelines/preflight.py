@@ -55,7 +55,7 @@ def _jobs(entries: list[dict[str, Any]], source: str, timeout_s: float) -> list[
 def _generated_fits(cfg: Any, where: str) -> None:
     from training.config import ConfigError
     from training.datasets import check_generated_size
-    from training.trainer import resolve_input_shape
+    from training.shape import resolve_input_shape
 
     try:
         check_generated_size(cfg, resolve_input_shape(cfg))
@@ -65,7 +65,7 @@ def _generated_fits(cfg: Any, where: str) -> None:
 
 def batch_fits(cfg: Any, where: str) -> str | None:
     from training.datasets import train_samples
-    from training.trainer import resolve_input_shape
+    from training.shape import resolve_input_shape
 
     try:
         samples = train_samples(cfg, resolve_input_shape(cfg))
@@ -83,8 +83,8 @@ def _finishes(cfg: Any, where: str, timeout_s: float) -> str | None:
     the floor is a bound no device exceeds, so only what surely fails is refused."""
     from training.datasets import train_samples
     from training.flops import forward_flops, least_step_s
+    from training.shape import resolve_input_shape, resolve_steps
     from training.text import corpus_vocab
-    from training.trainer import resolve_input_shape, resolve_steps
 
     shape = resolve_input_shape(cfg)
     steps = resolve_steps(cfg, train_samples(cfg, shape))

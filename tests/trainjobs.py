@@ -14,7 +14,7 @@ from infra.local import LocalProvider
 from pipelines.launch import launch, prepare
 from training.datasets import GlobalBatchSampler, load_dataset
 from training.models import build_model
-from training.trainer import resolve_input_shape
+from training.shape import resolve_input_shape
 
 
 def run_job(out: Path, timeout_s: float = 240, **options: Any) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -72,8 +72,8 @@ def check_where(cfg: TrainConfig) -> None:
     if name is None:
         return
     from training.models import build_model
+    from training.shape import resolve_input_shape
     from training.text import corpus_vocab
-    from training.trainer import resolve_input_shape
 
     try:
         with torch.device("meta"):

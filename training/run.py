@@ -36,9 +36,10 @@ from training.checkpoint import CheckpointStore
 from training.config import Algorithm, Comm, TrainConfig
 from training.heartbeat import Heartbeat
 from training.ps import ServerConfig, ShardLayout, ShardServer
+from training.shape import resolve_steps
 from training.summary import environment, language_model_figures, staleness_figures, timing_figures
 from training.timeline import Timeline, to_chrome_trace, write_jsonl
-from training.trainer import Diverged, Trainer, resolve_steps
+from training.trainer import Diverged, Trainer
 
 DIVERGED = "diverged.json"  # written by the rank that saw a NaN/inf loss
 EXIT_DIVERGED = 3  # a rank's exit status, and `ddlbench train`'s, for a loss that became NaN/inf

@@ -21,25 +21,13 @@ from torch import nn
 from training import inject
 from training.algorithms import AllreduceSSGD, make_strategy
 from training.config import TrainConfig
-from training.datasets import GlobalBatchSampler, load_dataset, native_shape
+from training.datasets import GlobalBatchSampler, load_dataset
 from training.gpt_shape import is_gpt, resolve_shape
 from training.layer_timing import LayerTimer, sampling_every
 from training.memory import MemoryMeter
-from training.models import build_model, logits_of, natural_input_shape
+from training.models import build_model, logits_of
+from training.shape import resolve_input_shape
 from training.timeline import Timeline
-
-
-def resolve_input_shape(cfg: TrainConfig) -> tuple[int, int, int]:
-    if cfg.seq_len is not None:
-        return (1, 1, cfg.seq_len)
-    return cfg.input_shape or natural_input_shape(cfg.model, native_shape(cfg.dataset))
-
-
-def resolve_steps(cfg: TrainConfig, n_train: int) -> int:
-    if cfg.steps is not None:
-        return cfg.steps
-    per_epoch = n_train // (cfg.workers * cfg.batch_size)
-    return max(1, math.ceil(cfg.epochs * per_epoch))
 
 
 @torch.no_grad()

@@ -1,0 +1,26 @@
+"""What a configuration trains on: its input shape and its number of steps. The one answer the
+trainer, the injected slowdowns (training/inject.py) and the launcher's checks before any process
+starts (pipelines/preflight.py, pipelines/launch.py) all read."""
+
+from __future__ import annotations
+
+import math
+
+from training.config import TrainConfig
+from training.datasets import native_shape
+from training.models import natural_input_shape
+
+
+def resolve_input_shape(cfg: TrainConfig) -> tuple[int, int, int]:
+    """(channels, height, width) of one sample; a language model's is (1, 1, seq_len)."""
+    if cfg.seq_len is not None:
+        return (1, 1, cfg.seq_len)
+    return cfg.input_shape or natural_input_shape(cfg.model, native_shape(cfg.dataset))
+
+
+def resolve_steps(cfg: TrainConfig, n_train: int) -> int:
+    """The steps to train: `steps`, or `epochs` of the training set's global batches (at least one)."""
+    if cfg.steps is not None:
+        return cfg.steps
+    per_epoch = n_train // (cfg.workers * cfg.batch_size)
+    return max(1, math.ceil(cfg.epochs * per_epoch))
