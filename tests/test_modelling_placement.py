@@ -354,7 +354,7 @@ def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, e
     import yaml
 
     from pipelines.spec import validate_spec
-    from pipelines.stages.model import _placements, predictions
+    from pipelines.stages.grid import placements, predictions
     from pipelines.stages.runner import workload_dir
 
     values = yaml.safe_load((REPO / "specs" / "smoke.yaml").read_text())
@@ -362,7 +362,7 @@ def test_the_predict_step_places_each_world_as_the_specs_provider_does(policy, e
     values["network"] = {"link_bandwidth": "1gbit"}
     values["algorithms"] = [{"name": "ssgd", "comm": "ps"}]
     spec = validate_spec(values, "smoke.yaml")
-    placed = _placements(spec, [2])
+    placed = placements(spec, [2])
     assert placed[(2, 1)] == expected
     assert placed[(2, 0)] == (0, 1)  # allreduce: the workers only
     layers = {workload_dir(spec.workloads[0], 32): TABLE}

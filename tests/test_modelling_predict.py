@@ -381,7 +381,7 @@ def test_the_predict_stage_writes_a_row_for_every_configuration_predicted_or_not
     from modelling.fit import fit_comm, load_comm
     from modelling.layers import load_layers
     from pipelines.spec import load_spec
-    from pipelines.stages.model import predictions
+    from pipelines.stages.grid import predictions
     from tests.grid_fixtures import GRIDS
 
     grid = GRIDS / "onehost"

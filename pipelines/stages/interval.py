@@ -119,7 +119,7 @@ def prediction_intervals(ctx: RunContext, history: list[float] | None = None) ->
     interval on the history's scores widened to hold it."""
     from modelling.calibration import interval
     from modelling.fit import CommModelError
-    from pipelines.stages.model import predictions
+    from pipelines.stages.grid import predictions
 
     path = ctx.paths.predictions
     if not path.exists():

@@ -1,0 +1,79 @@
+"""The grid's predictions: every algorithm of a spec at the grid's and the what-if world sizes
+and link rates, each job placed as the spec's provider would place it. The predict stage writes
+them (pipelines/stages/model.py); the interval stage re-makes them from every pooled round's
+inputs (pipelines/stages/interval.py)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pipelines.spec import BenchSpec, parse_rate
+from pipelines.stages.runner import workload_dir
+
+
+def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> list[dict[str, Any]]:
+    """Every algorithm at the grid's and the what-if world sizes, at the measured and what-if rates."""
+    from modelling.calibration import domain
+    from modelling.predict import cores_of
+    from modelling.predict import predict as predict_model
+    from modelling.scenario import Scenario
+
+    cores = cores_of(model)
+    sizes = sorted(set(spec.workers) | set(spec.what_if.workers))
+    placed = placements(spec, sizes)
+    rates = [(spec.network.link_bandwidth, spec.network.bytes_per_s)]
+    rates += [(r, parse_rate(r)) for r in spec.what_if.link_bandwidths]
+    rows: list[dict[str, Any]] = []
+    for wl in spec.workloads:
+        for batch in spec.batch_sizes:
+            layers = layers_by[workload_dir(wl, batch)]
+            for algo in spec.algorithms:
+                for (label, rate), n in itertools.product(rates, sizes):
+                    scenario = Scenario.of(
+                        "spec",
+                        algorithm=algo.name.value,
+                        comm=algo.comm_mode.value,
+                        workers=n,
+                        servers=spec.servers,
+                        bandwidth_bytes_per_s=rate,
+                        batch_size=batch,
+                        **Scenario.settings_in(algo.options),
+                    )
+                    scenario = scenario.model_copy(update={"node_of_rank": placed.get((n, scenario.servers))})
+                    for p in predict_model(layers, model, scenario, strict=False):
+                        rows.append(
+                            {
+                                "workload": wl.label,
+                                "batch_size": batch,
+                                "algorithm": algo.label,
+                                "workers": p["workers"],
+                                "link_bandwidth": label or "measured",
+                                "iter_time_s": p["iter_time_s"],
+                                "throughput_samples_per_s": p["throughput_samples_per_s"],
+                                "compute_s": p.get("compute_s"),
+                                "comm_s": p.get("comm_s"),
+                                "what_if": p["workers"] not in spec.workers or rate != rates[0][1],
+                                # Why the model gave no figures (DESIGN §3), or what it assumed.
+                                "no_prediction": p.get("no_prediction"),
+                                "note": p.get("note"),
+                                "domain": domain(p["iter_time_s"], scenario.ranks, cores),
+                            }
+                        )
+    return rows
+
+
+def placements(spec: BenchSpec, sizes: list[int]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(workers, servers) -> the node of every rank as the spec's provider places that job
+    (DESIGN §5), for the grid's and the what-if world sizes; a what-if this cluster cannot
+    place is predicted without a placement (a cluster like it, large enough)."""
+    from infra import ProviderError
+
+    provider = spec.provider.build()  # provisions nothing
+    out = {}
+    for n, servers in itertools.product(sizes, {0, spec.servers}):
+        try:
+            out[(n, servers)] = provider.place(n, servers).node_of_rank
+        except ProviderError:
+            continue
+    return out
