@@ -30,7 +30,6 @@ from pipelines.report_tables import (
     config_label,
     describe_load,
     host_load,
-    language_model_lines,
 )
 from pipelines.report_validation import validation_markdown
 
@@ -157,3 +156,19 @@ def write_report(
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def language_model_lines(table: list[dict[str, Any]]) -> list[str]:
+    """The report's section on language models: tokens/s, MFU and loss to target (none: no lines)."""
+    rows = [r for r in table if r.get("tokens_per_s_median") is not None]
+    if not rows:
+        return []
+    md = ["", "## Language models", "",
+          "| config | tokens/s | MFU | final test loss | target loss | time to target loss s |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {r['config']} | {fmt_spread(r['tokens_per_s_median'], r['tokens_per_s_min'], r['tokens_per_s_max'])} | "
+           f"{fmt_spread(r['mfu_median'], r['mfu_min'], r['mfu_max'], 3)} | {fmt(r['final_test_loss_median'])} | "
+           f"{fmt(r['target_loss'])} | "
+           f"{fmt_spread(r['time_to_loss_median_s'], r['time_to_loss_min_s'], r['time_to_loss_max_s'])} |"
+           for r in rows]
+    return md

@@ -175,24 +175,6 @@ def _language_model(rs: list[dict[str, Any]]) -> dict[str, Any]:
             "time_to_loss_median_s": ttl[0], "time_to_loss_min_s": ttl[1], "time_to_loss_max_s": ttl[2]}
 
 
-def language_model_lines(table: list[dict[str, Any]]) -> list[str]:
-    """The report's section on language models: tokens/s, MFU and loss to target (none: no lines)."""
-    from pipelines.report_console import fmt, fmt_spread
-
-    rows = [r for r in table if r.get("tokens_per_s_median") is not None]
-    if not rows:
-        return []
-    md = ["", "## Language models", "",
-          "| config | tokens/s | MFU | final test loss | target loss | time to target loss s |",
-          "|---|---|---|---|---|---|"]
-    md += [f"| {r['config']} | {fmt_spread(r['tokens_per_s_median'], r['tokens_per_s_min'], r['tokens_per_s_max'])} | "
-           f"{fmt_spread(r['mfu_median'], r['mfu_min'], r['mfu_max'], 3)} | {fmt(r['final_test_loss_median'])} | "
-           f"{fmt(r['target_loss'])} | "
-           f"{fmt_spread(r['time_to_loss_median_s'], r['time_to_loss_min_s'], r['time_to_loss_max_s'])} |"
-           for r in rows]
-    return md
-
-
 def best_per_config(table: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per model, workers and batch: the fastest algorithm, and the first to the target accuracy."""
     groups: dict[str, list[dict[str, Any]]] = {}
