@@ -38,9 +38,11 @@ class JobFailed(RuntimeError):
 def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
     """A validated config whose model, dataset and shapes are known to work."""
     cfg = build_config(values, source)
+    # torch's modules: imported when a job is checked, never when a DAG file is parsed
     from training.datasets import check_dataset
     from training.inject import check_where
     from training.models import check_model_name
+    from training.shape import batch_fits
 
     try:
         check_model_name(cfg.model)
@@ -49,8 +51,6 @@ def prepare(values: dict[str, Any], source: str = "config") -> TrainConfig:
         check_where(cfg)
     except ValueError as err:
         raise ConfigError(f"{source}.{err}") from None
-    from pipelines.preflight import batch_fits
-
     if too_big := batch_fits(cfg, source):  # a rank would find it only after every import
         raise ConfigError(too_big)
     return cfg

@@ -47,7 +47,7 @@ def _jobs(entries: list[dict[str, Any]], source: str, timeout_s: float) -> list[
         except ConfigError as err:
             problems.append(str(err))
             continue
-        if problem := batch_fits(checked, where) or _finishes(checked, where, timeout_s):
+        if problem := _finishes(checked, where, timeout_s):  # prepare checked the batch against the data
             problems.append(problem)
     return problems
 
@@ -61,20 +61,6 @@ def _generated_fits(cfg: Any, where: str) -> None:
         check_generated_size(cfg, resolve_input_shape(cfg))
     except ValueError as err:
         raise ConfigError(f"{where}.{err}") from None
-
-
-def batch_fits(cfg: Any, where: str) -> str | None:
-    from training.datasets import train_samples
-    from training.shape import resolve_input_shape
-
-    try:
-        samples = train_samples(cfg, resolve_input_shape(cfg))
-    except ValueError as err:
-        return f"{where}.{err}"
-    if cfg.workers * cfg.batch_size > samples:
-        return (f"{where}.batch_size: a global batch of {cfg.workers} workers x {cfg.batch_size} = "
-                f"{cfg.workers * cfg.batch_size} exceeds the {samples} training samples of {cfg.dataset}")
-    return None
 
 
 def _finishes(cfg: Any, where: str, timeout_s: float) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from training.config import TrainConfig
-from training.datasets import native_shape
+from training.datasets import native_shape, train_samples
 from training.models import natural_input_shape
 
 
@@ -24,3 +24,16 @@ def resolve_steps(cfg: TrainConfig, n_train: int) -> int:
         return cfg.steps
     per_epoch = n_train // (cfg.workers * cfg.batch_size)
     return max(1, math.ceil(cfg.epochs * per_epoch))
+
+
+def batch_fits(cfg: TrainConfig, where: str) -> str | None:
+    """Why the global batch cannot be drawn from the training set (one line naming `where`'s
+    field), or None: a rank would find it only after every import."""
+    try:
+        samples = train_samples(cfg, resolve_input_shape(cfg))
+    except ValueError as err:
+        return f"{where}.{err}"
+    if cfg.workers * cfg.batch_size > samples:
+        return (f"{where}.batch_size: a global batch of {cfg.workers} workers x {cfg.batch_size} = "
+                f"{cfg.workers * cfg.batch_size} exceeds the {samples} training samples of {cfg.dataset}")
+    return None
