@@ -231,7 +231,7 @@ def test_a_stage_added_to_stages_appears_in_both_dags(airflow_config: Path) -> N
 
 # Where the pipeline is wired: the DAGs, the Airflow boundary and `ddlbench run`.
 WIRING = [*sorted((REPO / "dags").glob("*.py")), REPO / "pipelines" / "steps.py",
-          REPO / "pipelines" / "cli_pipeline.py", REPO / "pipelines" / "stages" / "__init__.py"]
+          REPO / "pipelines" / "cli" / "pipeline.py", REPO / "pipelines" / "stages" / "__init__.py"]
 
 
 def test_each_stage_is_named_in_one_place() -> None:

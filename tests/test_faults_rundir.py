@@ -134,7 +134,7 @@ def test_sync_abandoned_ends_only_the_runs_whose_owner_is_gone(tmp_path: Path) -
     from click.testing import CliRunner
     from mlflow import MlflowClient
 
-    from pipelines.cli_pipeline import sync
+    from pipelines.cli.pipeline import sync
     from pipelines.journal import owner, owner_alive
     from pipelines.mlflow_upload import TAG_FAILURE
     from pipelines.tracking import Tracker

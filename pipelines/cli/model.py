@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from pipelines.cli_common import PATH, bandwidth, fail, int_list, print_rows
-from pipelines.cli_measure import microbench, profile
+from pipelines.cli.common import PATH, bandwidth, fail, int_list, print_rows
+from pipelines.cli.measure import microbench, profile
 from pipelines.report_validation import model_error_cell, ms, pct
 
 

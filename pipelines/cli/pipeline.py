@@ -1,4 +1,4 @@
-"""`ddlbench run | sync` (the benchmark pipeline and its MLflow journal); `compare` is in cli_compare."""
+"""`ddlbench run | sync` (the benchmark pipeline and its MLflow journal); `compare` is in cli/compare.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
-from pipelines.cli_compare import compare
+from pipelines.cli.compare import compare
 from pipelines.disk import disk_full
 from pipelines.journal import RunDirGone
 

@@ -15,7 +15,7 @@ import click
 from pydantic import BaseModel
 
 from modelling.configs import MicrobenchConfig, ProfileConfig
-from pipelines.cli_common import PATH, bandwidth, fail, out_dir, print_rows
+from pipelines.cli.common import PATH, bandwidth, fail, out_dir, print_rows
 from pipelines.options import option_for
 
 

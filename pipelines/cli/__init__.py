@@ -1,4 +1,7 @@
-"""The `ddlbench` command line.
+"""The `ddlbench` command line: this module holds the group and `train`; each other group of
+commands is a module of this package (`measure`, `model`, `pipeline`, `compare`, `cleanup`,
+with `common`'s shared options). The top floor of pipelines/ but for the DAGs: it may import
+every other part of pipelines/ and every floor below; nothing in pipelines/ imports it.
 
 `ddlbench train` takes its options straight from `training.config.TrainConfig`:
 one definition feeds validation, the help text and the YAML loader.
@@ -119,7 +122,9 @@ cli.add_command(train)
 
 def _register() -> None:
     # Each command family lives in its own module; each module lists its commands.
-    from pipelines import cli_cleanup, cli_model, cli_pipeline
+    from pipelines.cli import cleanup as cli_cleanup
+    from pipelines.cli import model as cli_model
+    from pipelines.cli import pipeline as cli_pipeline
 
     for cmd in (*cli_model.COMMANDS, *cli_pipeline.COMMANDS, *cli_cleanup.COMMANDS):
         cli.add_command(cmd)
@@ -131,6 +136,3 @@ _register()
 def main() -> None:
     cli()
 
-
-if __name__ == "__main__":  # `python -m pipelines.cli`, as scripts/gpu_check.py runs it without the entry point
-    main()
