@@ -9,7 +9,7 @@
    the slowdowns are real, interleaved with unslowed runs under the same load). By default
    (`--inject busy`) each rank spends the delay as CPU work, as a slower kernel does; a sleep
    (`--inject sleep`) frees the core to the other ranks on shared cores and realises less. Each
-   run keeps its run-level figures (pipelines/regression_stats.py: log throughput, within-run
+   run keeps its run-level figures (pipelines/report/regression_stats.py: log throughput, within-run
    variance from its steps, the canary's log speed). Saved after every round.
 2. Replays nights: a history of `--history` runs (unslowed) and tonight's run, each of `--repeats`
    runs drawn from the recording (with replacement), tonight's from the unslowed (A/A), 10% or 20%
@@ -45,8 +45,8 @@ import numpy as np
 from scipy.stats import binomtest
 
 from infra.hostload import QUIET, CpuProbe
-from pipelines.regression_stats import from_throughputs, repeat_figures, run_level
-from pipelines.report_regression import check_rerun, check_runs
+from pipelines.report.regression import check_rerun, check_runs
+from pipelines.report.regression_stats import from_throughputs, repeat_figures, run_level
 from pipelines.spec import RegressionSpec, grid, load_spec
 
 REPO = Path(__file__).resolve().parent.parent

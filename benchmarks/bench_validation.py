@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.report_validation import ms, ms_interval, pct
+from pipelines.report.validation import ms, ms_interval, pct
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs" / "validation"

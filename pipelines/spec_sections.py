@@ -240,7 +240,7 @@ class WhatIfSpec(Section):
 
 
 class RegressionSpec(Section):
-    """The regression alarm (pipelines/report_regression.py): this run against its history."""
+    """The regression alarm (pipelines/report/regression.py): this run against its history."""
 
     history: int = Field(
         10, ge=2, le=100, description="Earlier FINISHED runs of the same spec and hardware compared against."

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from infra.hostload import QUIET, CpuProbe
-from pipelines.report_tables import describe_load, host_load
+from pipelines.report.tables import describe_load, host_load
 
 BURN = "import time\nt = time.process_time() + {s}\nwhile time.process_time() < t: pass\n"
 

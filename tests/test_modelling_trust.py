@@ -12,7 +12,7 @@ import pytest
 
 from modelling.fit import fit_comm, load_comm
 from modelling.validate import MIN_INSITU_SAMPLES, validate_runs
-from pipelines.report_validation import validation_markdown
+from pipelines.report.validation import validation_markdown
 from tests.grid_fixtures import GRIDS, link_rate
 
 GRID = GRIDS / "onehost"
@@ -173,7 +173,7 @@ def test_the_validation_history_is_read_from_earlier_validate_runs() -> None:
 
 
 def test_the_report_says_which_interval_a_row_has() -> None:
-    from pipelines.report_validation import calibrated_cell
+    from pipelines.report.validation import calibrated_cell
 
     row = {"interval_low_s": 0.01, "interval_high_s": 0.02, "interval_kind": "calibrated", "calibration_runs": 12,
            "domain": "validated"}

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from pipelines.report import comparison, regression_check
-from pipelines.report_regression import check_runs, check_throughput, describe, markdown, prediction_test
+from pipelines.report.regression import check_runs, check_throughput, describe, markdown, prediction_test
 from pipelines.spec import RegressionSpec, load_spec
 from tests.homes import copy_home
 from training.config import ConfigError, build_config
@@ -297,7 +297,7 @@ def test_an_injected_slowdown_raises_the_alarm_confirmed_by_its_rerun_and_an_aa_
     import json
 
     from pipelines import steps
-    from pipelines.report_regression import find_history
+    from pipelines.report.regression import find_history
     from pipelines.tracking import tracker_for
 
     home, keys = e2e["home"], ["aa-0", "aa-1", "aa-2"]
@@ -437,7 +437,7 @@ def test_a_host_wide_load_is_no_regression_of_the_workloads(e2e: Any) -> None:
     assert report["regression"]["status"] == "passed" and report["regressions"] == []
 
 
-# --- the statistics of the alarm (pipelines/regression_stats.py) ---------------------------------
+# --- the statistics of the alarm (pipelines/report/regression_stats.py) ---------------------------------
 
 
 def _fig(log_thr: float, canary: float | None = None, within: float | None = None, df: int = 30) -> dict[str, Any]:
@@ -449,7 +449,7 @@ def _fig(log_thr: float, canary: float | None = None, within: float | None = Non
 def test_batch_means_see_the_autocorrelation_of_neighbouring_steps() -> None:
     """An AR(1) series (rho 0.9): the variance of its mean is (1 + rho) / (1 - rho) = 19 times what
     independent steps would give; batch means find most of it, the iid formula none."""
-    from pipelines.regression_stats import batch_means_var
+    from pipelines.report.regression_stats import batch_means_var
 
     rng = np.random.default_rng(7)
     rho, n, reps = 0.9, 1600, 400
@@ -474,7 +474,7 @@ def test_batch_means_see_the_autocorrelation_of_neighbouring_steps() -> None:
 def test_with_a_known_variance_the_detectable_slowdown_is_the_normal_power_formula(sd: float, alpha: float) -> None:
     """df -> infinity: caught with 95% when the log slowdown is (z_{1-alpha} + z_0.95) sd, unless the
     minimum effect is larger."""
-    from pipelines.regression_stats import detectable_slowdown, detection_probability
+    from pipelines.report.regression_stats import detectable_slowdown, detection_probability
 
     ref = 1 - math.exp(-(stats.norm.ppf(1 - alpha) + stats.norm.ppf(0.95)) * sd)
     got = detectable_slowdown(sd**2, 1e9, alpha, 0.01)
@@ -485,7 +485,7 @@ def test_with_a_known_variance_the_detectable_slowdown_is_the_normal_power_formu
 @pytest.mark.parametrize("df", [2, 5, 9])
 def test_the_detectable_slowdown_is_caught_95_percent_of_the_time_by_the_test_itself(df: int) -> None:
     """Simulated alarms (the t test with an estimated variance) at the stated detectable slowdown."""
-    from pipelines.regression_stats import detectable_slowdown
+    from pipelines.report.regression_stats import detectable_slowdown
 
     var, alpha, min_effect = 0.05**2, 0.01, 0.05
     s = detectable_slowdown(var, df, alpha, min_effect)
@@ -500,7 +500,7 @@ def test_the_detectable_slowdown_is_caught_95_percent_of_the_time_by_the_test_it
 def test_within_run_noise_that_explains_the_history_narrows_the_test() -> None:
     """The history's spread no larger than its runs' own step noise: no between-run term, the
     variance is the runs' noise alone and the degrees of freedom those of their steps."""
-    from pipelines.regression_stats import run_test
+    from pipelines.report.regression_stats import run_test
 
     hist = [_fig(math.log(v), within=0.008**2, df=40) for v in (1000, 1010, 995, 1005, 990)]
     assert statistics.variance(h["log_thr"] for h in hist) < 0.008**2
@@ -568,7 +568,7 @@ def test_on_a_host_that_did_not_move_the_raw_test_keeps_its_power(seed: int, noi
 
 
 def test_a_step_in_the_history_is_a_change_point_and_noise_is_none() -> None:
-    from pipelines.regression_stats import change_points
+    from pipelines.report.regression_stats import change_points
 
     rng = np.random.default_rng(3)
     step = list(rng.normal(0, 0.02, 8)) + list(rng.normal(math.log(0.8), 0.02, 6))
@@ -596,7 +596,7 @@ def test_the_run_test_states_finite_figures_for_any_history(
     and a power figure the report can print (and JSON can hold)."""
     import json
 
-    from pipelines.regression_stats import run_test
+    from pipelines.report.regression_stats import run_test
 
     hist = [_fig(x, within=w, df=d) for x, w, d in zip(xs, within, dfs, strict=False)]
     res = run_test(_fig(now, within=within[-1], df=dfs[-1]), hist, False, 0.01, 0.05)
@@ -637,7 +637,7 @@ def test_a_rerun_confirms_at_the_second_stages_level(alpha: float, confirm: floa
     """The rerun is tested against the same history at confirm_alpha, never stricter than alpha:
     it confirms exactly where its p-value is below that level and its slowdown above
     min_effect, the same test otherwise."""
-    from pipelines.report_regression import check_rerun
+    from pipelines.report.regression import check_rerun
 
     hist = [_fig(math.log(v)) for v in HISTORY]
     now = _fig(statistics.fmean(h["log_thr"] for h in hist) + math.log1p(-slowdown))
@@ -653,7 +653,7 @@ def test_a_rerun_confirms_at_the_second_stages_level(alpha: float, confirm: floa
 def test_the_detection_probability_is_continuous_where_its_quadrature_changes(var: float) -> None:
     """Either side of LAGUERRE_MAX_DF the two quadratures over the estimated variance agree, and
     the power figure is finite for every df up to the known-variance limit."""
-    from pipelines.regression_stats import LAGUERRE_MAX_DF, detectable_slowdown, detection_probability
+    from pipelines.report.regression_stats import LAGUERRE_MAX_DF, detectable_slowdown, detection_probability
 
     for slowdown in (0.05, 0.1, 0.2, 0.4):
         below = detection_probability(slowdown, var, LAGUERRE_MAX_DF, 0.01, 0.05)

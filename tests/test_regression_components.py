@@ -12,8 +12,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines import regression_components as rc
-from pipelines.regression_stats import run_level
+from pipelines.report import regression_components as rc
+from pipelines.report.regression_stats import run_level
 
 REPO = Path(__file__).resolve().parent.parent
 GRID = REPO / "tests" / "fixtures" / "grids" / "onehost"

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pipelines import regression_components as rc
-from pipelines.regression_stats import repeat_figures, run_level
+from pipelines.report import regression_components as rc
+from pipelines.report.regression_stats import repeat_figures, run_level
 from tests.trainjobs import run_job
 
 pytestmark = pytest.mark.slow

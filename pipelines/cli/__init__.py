@@ -59,7 +59,7 @@ def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, p
            bandwidth: str | None, placement: str | None, provider_sets: tuple[str, ...], **options: Any) -> None:
     from infra import ProviderError
     from pipelines.launch import JobFailed, OutputError, launch, prepare
-    from pipelines.report_console import print_summary
+    from pipelines.report.console import print_summary
     from pipelines.spec_sections import ProviderSpec
     from training.run import EXIT_DIVERGED
 

@@ -21,7 +21,7 @@ def _day(value: str | None) -> int | None:
 def _as_run(child: Any) -> dict[str, Any]:
     """A training child run of MLflow in the shape report.comparison takes."""
     from pipelines.metrics import summary_from_metrics
-    from pipelines.report_tables import config_label, config_of
+    from pipelines.report.tables import config_label, config_of
 
     t = child.data.tags
     algo = f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
@@ -89,7 +89,7 @@ def _compare(
     from rich.text import Text
 
     from pipelines.context import default_home, default_tracking_uri
-    from pipelines.report_console import comparison_table, language_model_table
+    from pipelines.report.console import comparison_table, language_model_table
 
     uri = tracking_uri or default_tracking_uri((home or default_home()).resolve())
     client = MlflowClient(tracking_uri=uri)

@@ -13,7 +13,7 @@ import click
 
 from pipelines.cli.common import PATH, bandwidth, fail, int_list, print_rows
 from pipelines.cli.measure import microbench, profile
-from pipelines.report_validation import model_error_cell, ms, pct
+from pipelines.report.validation import model_error_cell, ms, pct
 
 
 @click.command("fit")

@@ -178,7 +178,7 @@ def _print_run_summary(
 ) -> None:
     from rich.table import Table
 
-    from pipelines.report_console import fmt
+    from pipelines.report.console import fmt
 
     t = Table(title=f"{ctx.run_key}: {done['status']}")
     t.add_column("run", no_wrap=True, min_width=max([len(e["key"]) for e in trained] + [3]))
@@ -196,12 +196,12 @@ def _print_run_summary(
         )
     console.print(t)
     if validation.get("median_abs_error") is not None:
-        from pipelines.report_console import validation_table
+        from pipelines.report.console import validation_table
 
         console.print(validation_table(validation))
     report_json = Path(result["report_md"]).with_name("report.json") if result.get("report_md") else None
     if report_json is not None and report_json.exists():
-        from pipelines.report_console import comparison_table
+        from pipelines.report.console import comparison_table
 
         doc = json.loads(report_json.read_text())
         console.print(comparison_table(doc["comparison"], doc["best"], title="Algorithms compared"))

@@ -23,7 +23,7 @@ THROUGHPUT = "throughput_samples_per_s"
 
 def _check(ctx: RunContext, t: Tracker, trained: list[dict]) -> dict[str, Any]:
     from pipelines import report as rep
-    from pipelines.regression_stats import config_figures
+    from pipelines.report.regression_stats import config_figures
 
     spec = ctx.spec()
     done = trained_dirs(trained)
@@ -56,9 +56,9 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
     """Rerun one suspect configuration's repeats and test the rerun against the same history:
     `confirmed` if it alarms too (p < confirm_alpha and a slowdown above min_effect)."""
     from pipelines import report as rep
-    from pipelines.regression_components import check_components
-    from pipelines.regression_stats import config_figures
-    from pipelines.report_regression import check_rerun, history_runs
+    from pipelines.report.regression import check_rerun, history_runs
+    from pipelines.report.regression_components import check_components
+    from pipelines.report.regression_stats import config_figures
     from pipelines.stages.train import train
 
     config = suspect["config"]

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.context import RunContext
-from pipelines.regression_components import line as rc_line
-from pipelines.regression_stats import config_figures
+from pipelines.report.regression_components import line as rc_line
+from pipelines.report.regression_stats import config_figures
 from pipelines.stages.confirm import apply_confirmations
 from pipelines.stages.model import trained_dirs
 from pipelines.stages.runner import load_inputs, run_once, tracker, workload_dir, write_json
@@ -107,7 +107,7 @@ def record_hardware_profile(ctx: RunContext) -> dict:
 def _predictors(ctx: RunContext, trained: list[dict]) -> dict[str, Any]:
     """Per config, the model's iteration from in-situ parts (regression_components.model_predictor),
     from the run's profile and comm fit; none where either was skipped."""
-    from pipelines.regression_components import model_predictor
+    from pipelines.report.regression_components import model_predictor
     from pipelines.spec import config_of
 
     layers_by, model = load_inputs(ctx)

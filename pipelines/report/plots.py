@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
-from pipelines.report_tables import PHASES  # noqa: E402
+from pipelines.report.tables import PHASES  # noqa: E402
 
 
 def _by_algorithm(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

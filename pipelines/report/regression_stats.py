@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special, stats
 
-from pipelines.regression_components import repeat_parts, run_parts
+from pipelines.report.regression_components import repeat_parts, run_parts
 
 CI_LEVEL = 0.95
 POWER = 0.95  # the detection probability `detectable_slowdown` is stated at

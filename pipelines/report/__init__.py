@@ -1,8 +1,11 @@
 """The comparison report: algorithms side by side, plots, and the regression check.
 
-This module writes report.md and report.json; the tables are in `report_tables` and `report_validation`,
-the regression check in `report_regression`, the plots in `report_plots`, and
-every public name of them is importable from here.
+This package reads what the stages wrote and tells a person what it means: this module writes
+report.md and report.json; the tables are in `tables` and `validation`, the terminal's in
+`console`, the plots in `plots`, the regression check in `regression` with its statistics in
+`regression_stats` (the iteration) and `regression_components` (its parts, attributed by the
+model). It may import the spec, modelling and training; the stages and the CLI import it, and
+every public name of its modules is importable from here.
 """
 
 from __future__ import annotations
@@ -11,17 +14,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipelines.report_console import FASTEST, FIRST, fmt, fmt_scaling, fmt_spread, fmt_time_to_target, marks
-from pipelines.report_plots import figures, plot_names, plot_predicted_scaling, plot_predicted_vs_measured
-from pipelines.report_regression import (
+from pipelines.report.console import FASTEST, FIRST, fmt, fmt_scaling, fmt_spread, fmt_time_to_target, marks
+from pipelines.report.plots import figures, plot_names, plot_predicted_scaling, plot_predicted_vs_measured
+from pipelines.report.regression import (
     STATISTIC,
     describe,
     find_history,
     injected_delay_ms,
     regression_check,
 )
-from pipelines.report_regression import markdown as regression_markdown
-from pipelines.report_tables import (
+from pipelines.report.regression import markdown as regression_markdown
+from pipelines.report.tables import (
     PHASES,
     best_per_config,
     collect_runs,
@@ -31,7 +34,7 @@ from pipelines.report_tables import (
     describe_load,
     host_load,
 )
-from pipelines.report_validation import validation_markdown
+from pipelines.report.validation import validation_markdown
 
 __all__ = [
     "PHASES",

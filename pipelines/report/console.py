@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.report_tables import NO_BASELINE
-from pipelines.report_validation import model_error_cell, ms, ms_interval, pct
+from pipelines.report.tables import NO_BASELINE
+from pipelines.report.validation import model_error_cell, ms, ms_interval, pct
 
 FASTEST, FIRST = "*", "+"
 LEGEND = (

@@ -6,7 +6,7 @@ label (MLflow search on the parent's tags, newest first, this run key and runs w
 excluded), each with its report.json artifact. Fewer than `regression.min_history` runs: no
 statement, the report and the tag say "history too short (k of m runs)".
 
-Test, per config, on log throughput (pipelines/regression_stats.py, docs/regression.md): every run
+Test, per config, on log throughput (pipelines/report/regression_stats.py, docs/regression.md): every run
 (a history run or this one) is one value, the mean of its repeats' logs, with a within-run variance
 from its own steps (batch means); the test's variance combines the history's between-run spread with
 the runs' within-run noise. It is made twice: on the raw throughput, and relative to the host-speed
@@ -31,9 +31,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pipelines import regression_components as rc
-from pipelines import regression_stats as rs
-from pipelines.regression_stats import prediction_test
+from pipelines.report import regression_components as rc
+from pipelines.report import regression_stats as rs
+from pipelines.report.regression_stats import prediction_test
 
 STATISTIC = (
     "one-sided t tests of this run's mean log throughput over repeats, and of its fastest repeat, each at "
