@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests/ holds the run and its checks; run as a script from anywhere
 
 from pipelines.spec import load_spec  # noqa: E402
-from pipelines.spec_load import parse_set  # noqa: E402
+from pipelines.spec.load import parse_set  # noqa: E402
 from tests.test_pipeline_netns import NIGHTLY_CPU, _run_nightly, _sets  # noqa: E402
 
 

@@ -285,7 +285,7 @@ class Provider(ABC):
     def place(self, workers: int, servers: int = 0) -> Placement:
         """Where a job's ranks go on this provider's nodes, by its placement options;
         ProviderError naming the option when they cannot be placed. Checked when a spec
-        loads (pipelines/spec.py), and again at launch."""
+        loads (pipelines/spec/__init__.py), and again at launch."""
         o = self.options
         ranks, most = workers + servers, bounds.ranks_per_host()
         if self.one_host and ranks > most.limit:

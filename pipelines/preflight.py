@@ -2,7 +2,7 @@
 run exists: every job of the grid (model, dataset, data root, shapes: `launch.prepare`),
 each global batch against its data set, and that the home can be written. Where every job's
 ranks go on the provider's nodes is checked earlier, when the spec loads
-(`pipelines.spec_placement.placement_problems`).
+(`pipelines.spec.placement.placement_problems`).
 
 `start` calls `preflight` first, so `ddlbench run` and both DAGs' `start` task fail at
 once with one line per problem, naming the field and the value.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.spec import BenchSpec, SpecError
-from pipelines.spec_load import by_field
+from pipelines.spec.load import by_field
 
 
 def preflight(spec: BenchSpec, entries: list[dict[str, Any]], home: Path, source: str = "spec") -> None:

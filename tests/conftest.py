@@ -95,6 +95,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _homes_under_the_test_root(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The deployment's home root is this session's temporary directory, where every test's home
-    lies (pipelines/trigger.py refuses a trigger's home outside it); a test of the refusal sets
+    lies (pipelines/spec/trigger.py refuses a trigger's home outside it); a test of the refusal sets
     its own root."""
     os.environ.setdefault("DDLBENCH_HOME_ROOT", str(tmp_path_factory.getbasetemp()))

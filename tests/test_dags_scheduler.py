@@ -41,7 +41,7 @@ ONBOARDING_FORM = {"hardware_label": "box-a", "provider": "local", "nodes": 1, "
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServices]:
-    # Each test's home lies under pytest's base temp: the deployment's home root (pipelines/trigger.py).
+    # Each test's home lies under pytest's base temp: the deployment's home root (pipelines/spec/trigger.py).
     home_root = {"DDLBENCH_HOME_ROOT": str(tmp_path_factory.getbasetemp())}
     with AirflowServices(tmp_path_factory.mktemp("scheduler"), DEPLOYMENT | home_root) as af:
         for dag_id in ("ddlbench_nightly", "ddlbench_hardware_onboarding"):

@@ -7,7 +7,7 @@ import pytest
 from infra.units import parse_rate
 from modelling.configs import MicrobenchConfig, ProfileConfig
 from modelling.scenario import Scenario
-from pipelines.spec_sections import MicrobenchSpec, ProfileSpec
+from pipelines.spec.sections import MicrobenchSpec, ProfileSpec
 from training.config import TrainConfig, build_config, default_comm
 
 

@@ -76,7 +76,7 @@ def _run_nightly(home: Path, nodes: int, extra: list[str]) -> tuple[Path, dict[s
     assert len(handle["nodes"]) == nodes
     assert not {n for n in _namespaces() if handle["tag"] in n}  # torn down
 
-    from pipelines.spec_load import parse_set
+    from pipelines.spec.load import parse_set
 
     keys = [e["key"] for e in grid(load_spec(NIGHTLY_CPU, parse_set(sets)))]
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")

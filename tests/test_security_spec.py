@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from infra import provider_options_model
 from pipelines.spec import BenchSpec, SpecError, load_spec
-from pipelines.spec_load import MAX_SPEC_BYTES, parse_set
+from pipelines.spec.load import MAX_SPEC_BYTES, parse_set
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "smoke.yaml"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from infra import provider_options_model
 from pipelines import steps
 from pipelines.spec import SpecError, load_spec
-from pipelines.trigger import HOME_ROOT_ENV, SPEC_DIRS_ENV, TRIGGER_FIELDS, check_trigger, check_trigger_overrides
+from pipelines.spec.trigger import HOME_ROOT_ENV, SPEC_DIRS_ENV, TRIGGER_FIELDS, check_trigger, check_trigger_overrides
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "smoke.yaml"
@@ -45,7 +45,7 @@ def test_spec_paths_outside_the_spec_directories_are_refused_unread(root: Path) 
     home = str(root / "homes" / "a")
     text = refused(lambda: check_trigger("/etc/shadow", home, None), "spec_path: '/etc/shadow' is outside")
     assert str(REPO / "specs") not in text and SPEC_DIRS_ENV in text  # the field, not the deployment's layout
-    for sneaky in (f"{REPO}/specs/../pipelines/spec.py", "specs/smoke.yaml\x00", "", "../../etc/passwd"):
+    for sneaky in (f"{REPO}/specs/../pipelines/spec/__init__.py", "specs/smoke.yaml\x00", "", "../../etc/passwd"):
         refused(lambda p=sneaky: check_trigger(p, home, None), "spec_path")
     check_trigger(str(SMOKE), home, None)  # the repository's specs are the deployment's
 
@@ -185,8 +185,8 @@ def test_paths_are_checked_as_start_uses_them(root: Path, monkeypatch: pytest.Mo
     """`~` is not expanded in a spec path (start reads it as it is), so ~/specs/... is refused even
     where it would expand into the spec directories; an empty home is the default home, as start
     uses it."""
+    from pipelines.spec.trigger import home_dir
     from pipelines.stages.lifecycle import plan
-    from pipelines.trigger import home_dir
 
     monkeypatch.setenv("HOME", str(REPO))
     refused(lambda: check_trigger("~/specs/smoke.yaml", None, None), "spec_path: '~/specs/smoke.yaml' is outside")

@@ -60,7 +60,7 @@ def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, p
     from infra import ProviderError
     from pipelines.launch import JobFailed, OutputError, launch, prepare
     from pipelines.report.console import print_summary
-    from pipelines.spec_sections import ProviderSpec
+    from pipelines.spec.sections import ProviderSpec
     from training.run import EXIT_DIVERGED
 
     opts = provider_options(provider, nodes, bandwidth, placement, provider_sets)  # checked before torch loads

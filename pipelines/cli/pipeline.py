@@ -25,7 +25,7 @@ class SpecRefused(click.ClickException):
 def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str | None, sets: tuple[str, ...]) -> None:
     from rich.console import Console
 
-    from pipelines.spec_load import parse_set
+    from pipelines.spec.load import parse_set
     from pipelines.stages import STAGES
     from training.config import ConfigError
 

@@ -17,11 +17,11 @@ from pipelines.context import REPO, RunContext, RunDir, default_home, default_tr
 from pipelines.journal import now_ms
 from pipelines.preflight import preflight
 from pipelines.spec import BenchSpec, SpecError, flatten, grid, load_spec
-from pipelines.spec_load import load_file
+from pipelines.spec.load import load_file
+from pipelines.spec.trigger import check_trigger, check_trigger_provider, spec_file
+from pipelines.spec.trigger import home_dir as trigger_home
 from pipelines.stages.runner import cluster, cluster_handle, provider, run_once, run_tags, tracker, write_json
 from pipelines.tracking import PARENT, Tracker, mask_uri
-from pipelines.trigger import check_trigger, check_trigger_provider, spec_file
-from pipelines.trigger import home_dir as trigger_home
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -73,7 +73,7 @@ def plan(
 ) -> tuple[BenchSpec, list[dict[str, Any]], Path]:
     """What `start` checks before it creates anything: the spec (+ overrides), its grid and every
     job of it (pipelines/preflight.py); a run from Airflow (`airflow` given) first keeps to what a
-    trigger may choose (pipelines/trigger.py), before any file is read. SpecError naming the field;
+    trigger may choose (pipelines/spec/trigger.py), before any file is read. SpecError naming the field;
     nothing is written, no process starts and nothing is allocated past the bounds (infra/bounds.py)."""
     if airflow is not None:
         check_trigger(spec_path, home, overrides)

@@ -4,8 +4,13 @@ A spec names the hardware, the provider, the workloads (model x dataset), the
 algorithms, the grid (workers x batch sizes x repeats), how long to train, the
 network, what to predict beyond the measured grid, and the regression
 thresholds. Every training config of the grid is also validated as a
-`TrainConfig`, so a spec that loads is a spec whose jobs start. The sections
-live in pipelines/spec_sections.py.
+`TrainConfig`, so a spec that loads is a spec whose jobs start.
+
+The package holds everything about a spec before it runs: this module's schema and grid, its
+sections (`sections`), loading a file with overrides and one-line errors (`load`), where every
+job lands on the provider's nodes (`placement`) and what a DAG trigger may choose (`trigger`).
+It may import training's config, modelling's settings and infra; the stages, the report and the
+CLI import it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra import bounds
 from infra.units import parse_rate
-from pipelines.spec_load import (
+from pipelines.spec.load import (
     SpecError,
     by_field,
     check_overrides,
@@ -30,7 +35,7 @@ from pipelines.spec_load import (
     merge_overrides,
     one_error,
 )
-from pipelines.spec_sections import (
+from pipelines.spec.sections import (
     GRID_FIELDS,
     AlgorithmSpec,
     MicrobenchSpec,
@@ -263,7 +268,7 @@ def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
         entries = grid(spec)
     except ConfigError as err:
         raise SpecError(str(err)) from None
-    from pipelines.spec_placement import placement_problems
+    from pipelines.spec.placement import placement_problems
 
     if problems := placement_problems(spec, entries, source):
         raise SpecError(one_error(by_field(problems, "jobs")))
@@ -271,7 +276,7 @@ def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
 
 
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> BenchSpec:
-    """Read a spec file within pipelines/spec_load.py's limits, merge overrides (Airflow Params,
+    """Read a spec file within pipelines/spec/load.py's limits, merge overrides (Airflow Params,
     `--set`; the same limits) and validate it."""
     path = Path(path)
     values = load_file(path, BenchSpec.model_fields)

@@ -6,7 +6,7 @@ nesting depth and aliases (a few hundred bytes of nested aliases expand to billi
 values), and the size of what the aliases expand to. Errors are one line per problem; they
 name the file or field and show at most a short excerpt of a value (infra.options.excerpt),
 never a file's contents: a file that is not a mapping of spec fields is named, not quoted.
-pipelines/spec.py builds the BenchSpec from what this returns.
+pipelines/spec/__init__.py builds the BenchSpec from what this returns.
 """
 
 from __future__ import annotations

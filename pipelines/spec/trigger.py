@@ -24,7 +24,7 @@ from typing import Any
 
 from infra.options import excerpt, one_line
 from pipelines.context import REPO, default_home
-from pipelines.spec_load import SpecError, check_overrides, field_name, one_error
+from pipelines.spec.load import SpecError, check_overrides, field_name, one_error
 
 SPEC_DIRS_ENV = "DDLBENCH_SPEC_DIRS"
 HOME_ROOT_ENV = "DDLBENCH_HOME_ROOT"

@@ -1,4 +1,4 @@
-"""The sections of the benchmark spec (pipelines/spec.py's BenchSpec): provider,
+"""The sections of the benchmark spec (pipelines/spec/__init__.py's BenchSpec): provider,
 workloads, algorithms, network, microbench, profile, what-ifs, regression, tracking.
 
 The profile and microbench sections are modelling's own settings
