@@ -3,7 +3,7 @@
 Every place the pipeline writes (the run directory, its journal, a job's outputs, the MLflow
 store's directory) turns ENOSPC/EDQUOT into `DiskFull`, whose message is one line. The journal
 keeps a small reserve file so that a run that fills its disk can still record how it ended
-(pipelines/journal.py); `ddlbench sync` uploads the rest once space returns.
+(pipelines/tracking/journal.py); `ddlbench sync` uploads the rest once space returns.
 """
 
 from __future__ import annotations

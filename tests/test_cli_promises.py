@@ -190,7 +190,7 @@ def test_the_mlflow_store_is_tried_again_after_the_outage_window(tmp_path: Path)
     (nothing replays them), and every run ends FINISHED with nothing left to sync."""
     from mlflow import MlflowClient
 
-    from pipelines.journal import Journal
+    from pipelines.tracking.journal import Journal
 
     home, store = tmp_path / "home", tmp_path / "store"
     uri = f"sqlite:///{store / 'mlflow.db'}"  # no such directory yet: the store is down

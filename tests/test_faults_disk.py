@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.journal import RESERVE, Journal
+from pipelines.tracking.journal import RESERVE, Journal
 from tests.conftest import needs_root
 
 pytestmark = [pytest.mark.faults, needs_root]

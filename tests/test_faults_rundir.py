@@ -102,7 +102,7 @@ def test_a_pipeline_killed_after_its_run_directory_went_is_ended_by_sync_abandon
 def test_a_journal_never_makes_its_run_directory_again(tmp_path: Path) -> None:
     """Removed, or removed and made again (another inode), the directory a journal saw is gone:
     RunDirGone, and nothing is written; a run directory `start` made that is missing is gone too."""
-    from pipelines.journal import Journal, RunDirGone
+    from pipelines.tracking.journal import Journal, RunDirGone
 
     run_dir = tmp_path / "run"
     journal = Journal(run_dir)  # a journal's first write makes its directory
@@ -135,9 +135,9 @@ def test_sync_abandoned_ends_only_the_runs_whose_owner_is_gone(tmp_path: Path) -
     from mlflow import MlflowClient
 
     from pipelines.cli.pipeline import sync
-    from pipelines.journal import owner, owner_alive
-    from pipelines.mlflow_upload import TAG_FAILURE
     from pipelines.tracking import Tracker
+    from pipelines.tracking.journal import owner, owner_alive
+    from pipelines.tracking.upload import TAG_FAILURE
 
     me = owner()
     assert owner_alive(me) and not owner_alive({**me, "started": me["started"] - 60})  # a reused pid

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.journal import Journal, owner
 from pipelines.tracking import Tracker
+from pipelines.tracking.journal import Journal, owner
 
 
 def test_entries_resume_from_an_offset_and_skip_a_torn_last_line(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_a_parent_owned_by_the_pipeline_run_outlives_the_task_that_opened_it(tmp
 
     from mlflow import MlflowClient
 
-    from pipelines.journal import Journal
+    from pipelines.tracking.journal import Journal
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_dir = tmp_path / "run"

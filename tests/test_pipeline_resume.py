@@ -157,7 +157,7 @@ def test_pipeline_goes_on_while_mlflow_is_down(scenario: dict[str, Any]) -> None
 
 
 def test_sync_uploads_every_journaled_metric(scenario: dict[str, Any]) -> None:
-    from pipelines.journal import Journal
+    from pipelines.tracking.journal import Journal
 
     assert scenario["sync"].exit_code == 0, scenario["sync"].output
     assert "pending 0" in scenario["sync"].output
@@ -193,7 +193,7 @@ def test_retry_completed_the_same_runs_and_none_is_left_running(scenario: dict[s
 def test_sync_marks_runs_of_dead_processes_failed(own_run: dict[str, Any]) -> None:
     """A step whose process died and that nobody retries: sync ends its run FAILED."""
     from pipelines import steps
-    from pipelines.journal import Journal
+    from pipelines.tracking.journal import Journal
 
     ctx = own_run["ctx"]
     dead = subprocess.run(
@@ -221,7 +221,7 @@ def test_content_mlflow_refuses_is_set_aside_and_the_rest_uploaded(own_run: dict
     """A param whose value changed is refused by MLflow (not a store outage): the entry goes to
     journal.rejected.jsonl and the entries after it still reach MLflow."""
     from pipelines import steps
-    from pipelines.journal import Journal
+    from pipelines.tracking.journal import Journal
 
     ctx = own_run["ctx"]
     journal = Journal(Path(ctx["run_dir"]))

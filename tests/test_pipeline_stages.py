@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pipelines.context import RunContext
 from pipelines.metrics import summary_from_metrics, summary_metrics
-from pipelines.mlflow_upload import groups
 from pipelines.tracking import Tracker
+from pipelines.tracking.upload import groups
 
 CTX = {
     "run_key": "k", "run_dir": "/tmp/h/runs/k", "home": "/tmp/h", "tracking_uri": "sqlite:////tmp/h/mlflow.db",

@@ -13,7 +13,7 @@ import click
 
 from pipelines.cli.compare import compare
 from pipelines.disk import disk_full
-from pipelines.journal import RunDirGone
+from pipelines.tracking.journal import RunDirGone
 
 
 class SpecRefused(click.ClickException):
@@ -162,7 +162,7 @@ def _vanished(err: RunDirGone) -> NoReturn:
 
 def _unfinished(ctx: Any) -> dict[str, Any]:
     """`finish`'s result when it could not run to its end (its disk full)."""
-    from pipelines.journal import Journal
+    from pipelines.tracking.journal import Journal
 
     return {"run_key": ctx.run_key, "status": "FAILED", "orphans_failed": [], "synced": False,
             "pending": Journal(ctx.run_dir).pending(), "parent_run_id": None}
@@ -280,11 +280,11 @@ def _sync(targets: tuple[str, ...], home: Path | None, tracking_uri: str | None,
 
 def _sync_vanished(console: Any, keys: list[str | None], tracking_uri: str) -> None:
     """End FAILED the RUNNING MLflow runs of these run keys (None: of any) whose run directory is
-    gone and whose owner is dead or the pipeline run (pipelines/stranded.py); say which, by run key."""
+    gone and whose owner is dead or the pipeline run (pipelines/tracking/stranded.py); say which, by run key."""
     from mlflow import MlflowClient
 
-    from pipelines.mlflow_upload import TAG_RUN_KEY
-    from pipelines.stranded import end_stranded
+    from pipelines.tracking.stranded import end_stranded
+    from pipelines.tracking.upload import TAG_RUN_KEY
 
     client = MlflowClient(tracking_uri=tracking_uri)
     for key in keys:

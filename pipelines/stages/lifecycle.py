@@ -14,7 +14,6 @@ from typing import Any
 from infra import ProviderError
 from infra.options import excerpt
 from pipelines.context import REPO, RunContext, RunDir, default_home, default_tracking_uri, load_context
-from pipelines.journal import now_ms
 from pipelines.preflight import preflight
 from pipelines.spec import BenchSpec, SpecError, flatten, grid, load_spec
 from pipelines.spec.load import load_file
@@ -22,6 +21,7 @@ from pipelines.spec.trigger import check_trigger, check_trigger_provider, spec_f
 from pipelines.spec.trigger import home_dir as trigger_home
 from pipelines.stages.runner import cluster, cluster_handle, provider, run_once, run_tags, tracker, write_json
 from pipelines.tracking import PARENT, Tracker, mask_uri
+from pipelines.tracking.journal import now_ms
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -196,7 +196,7 @@ def teardown(ctx: RunContext) -> dict:
 def finish(ctx: RunContext, failed: bool = False) -> dict:
     """Close the parent run FINISHED or FAILED; child runs still open are orphans: FAILED."""
     t = tracker(ctx)
-    t.journal.release_reserve()  # its space is for these last records (pipelines/journal.py)
+    t.journal.release_reserve()  # its space is for these last records (pipelines/tracking/journal.py)
     status = "FAILED" if failed else "FINISHED"
     with t.batch():
         orphans = t.end_orphans(everyone=True, keep=(PARENT,))

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.context import RunContext
-from pipelines.journal import now_ms
 from pipelines.metrics import summary_metrics
 from pipelines.spec import BenchSpec, config_of, flatten, grid
 from pipelines.stages.runner import cluster, provider, run_once, tracker, write_json
 from pipelines.tracking import Tracker
+from pipelines.tracking.journal import now_ms
 
 TRAIN_ARTIFACTS = ("config.json", "summary.json", "metrics.jsonl", "timeline.jsonl", "trace.json", "launcher.log")
 _CURVES = {

@@ -1,8 +1,8 @@
 """MLflow runs left RUNNING whose run directory vanished: found by their tags, ended FAILED.
 
-The journal is a pipeline run's record of its MLflow runs (pipelines/journal.py); once its
+The journal is a pipeline run's record of its MLflow runs (pipelines/tracking/journal.py); once its
 directory is gone only MLflow knows them. Each run carries its run key, its run directory and
-its owner (pipelines/mlflow_upload.py), so a run is ended only when nothing else will end it:
+its owner (pipelines/tracking/upload.py), so a run is ended only when nothing else will end it:
 its run directory is gone from this host, and its owner is a process that died, the process
 that found the directory gone (`dying`, about to fail), or the pipeline run itself (over, with
 no directory to go on in). A run whose owner lives, or whose directory is on another host, is
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.context import RunDir
-from pipelines.journal import owner_alive
-from pipelines.mlflow_upload import TAG_FAILURE, TAG_OWNER, TAG_RUN_DIR, TAG_RUN_KEY
+from pipelines.tracking.journal import owner_alive
+from pipelines.tracking.upload import TAG_FAILURE, TAG_OWNER, TAG_RUN_DIR, TAG_RUN_KEY
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Journal entries applied to MLflow (pipelines/journal.py lists the ops).
+"""Journal entries applied to MLflow (pipelines/tracking/journal.py lists the ops).
 
 Consecutive params, metrics and tags of one node travel in as few `log_batch` calls as
 MLflow's limits allow, so a stage's journal reaches MLflow in a handful of round trips.
@@ -17,7 +17,7 @@ from typing import Any
 TAG_RUN_KEY = "ddlbench.run_key"
 TAG_NODE = "ddlbench.node"
 # Whose a run is and where its journal lives, so that a run whose run directory vanished can
-# still be judged from MLflow alone (pipelines/stranded.py): owner.host/pid/started for a process,
+# still be judged from MLflow alone (pipelines/tracking/stranded.py): owner.host/pid/started for a process,
 # owner.pipeline for a pipeline run's own (journal.owner and Tracker.start_run).
 TAG_OWNER = "ddlbench.owner."
 TAG_RUN_DIR = "ddlbench.run_dir"

@@ -1,13 +1,17 @@
 """MLflow tracking through the journal (DESIGN §6).
 
 Every call appends to the run dir's journal first; what the journal holds that MLflow has
-not seen is uploaded by `flush` (pipelines/mlflow_upload.py). Inside `batch()` (a stage)
+not seen is uploaded by `flush` (pipelines/tracking/upload.py). Inside `batch()` (a stage)
 only opening a run is uploaded at once, so its run id is known; the rest goes up in one
 flush when the block ends, also when it fails. Uploading is the same code for a live
 pipeline and for `ddlbench sync`, so what works offline-then-sync is what works online.
 When MLflow is unreachable (server down, database locked) the tracker says so once, stops
 trying for a while and the pipeline goes on. When the run directory vanishes, with the journal
 in it, the tracker ends the run's runs in MLflow directly, FAILED, and raises `RunDirGone`.
+
+The package is everything between a stage and MLflow: this module's `Tracker`, the journal each
+call goes to first (`journal`), its upload (`upload`) and the ending of runs whose owner died
+(`stranded`). It may import the run context and infra; the stages and the CLI import it.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipelines.context import STATUS
-from pipelines.journal import Journal, RunDirGone, now_ms, owner, owner_alive
-from pipelines.mlflow_upload import Uploader, groups, is_rejection
-from pipelines.stranded import end_stranded
+from pipelines.tracking.journal import Journal, RunDirGone, now_ms, owner, owner_alive
+from pipelines.tracking.stranded import end_stranded
+from pipelines.tracking.upload import Uploader, groups, is_rejection
 
 log = logging.getLogger(__name__)
 
