@@ -53,3 +53,63 @@ def test_an_import_up_a_floor_breaks_the_contract(tmp_path: Path) -> None:
     assert done.returncode != 0, done.stdout
     for low, high in pairs:
         assert f"{low} is not allowed to import {high}" in done.stdout, (low, high, done.stdout[-3000:])
+
+
+# What issue 52 has yet to take apart: the suite fails on any new one, and on one of these gone
+# (so the list shrinks as the house does).
+KNOWN_CIRCLES = [
+    {"infra.base", "infra.options"},  # base names ProviderOptions for the type checker only
+    {"pipelines.context", "pipelines.spec", "pipelines.spec.placement", "pipelines.tracking",
+     "pipelines.tracking.stranded"},
+    {"modelling.cores", "modelling.dag", "modelling.dag_ps", "modelling.fabric", "modelling.simulate"},
+]
+CROWDED = {"training", "modelling"}  # folders of more than 15 modules and no sub-package yet
+MOST_MODULES = 15
+
+
+def _circles() -> list[set[str]]:
+    """The import graph's strongly connected components of more than one module (Tarjan's)."""
+    import grimp
+
+    graph = grimp.build_graph("infra", "training", "modelling", "pipelines", "dags", cache_dir=None)
+    edges = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = set()
+            while (w := stack.pop()) != v:
+                part.add(w)
+            if part:
+                out.append(part | {v})
+
+    for m in sorted(edges):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_new_import_circle_between_files() -> None:
+    found = _circles()
+    assert [c for c in found if c not in KNOWN_CIRCLES] == [], "a new import circle"
+    assert [c for c in KNOWN_CIRCLES if c not in found] == [], "a known circle is gone: take it off the list"
+
+
+def test_no_folder_is_crowded_without_sub_packages() -> None:
+    crowded = set()
+    for floor in ("infra", "training", "modelling", "pipelines", "dags"):
+        for folder in [REPO / floor, *(p.parent for p in (REPO / floor).rglob("__init__.py"))]:
+            if len(list(folder.glob("*.py"))) - 1 > MOST_MODULES:  # the __init__ is no module of its own
+                crowded.add(str(folder.relative_to(REPO)))
+    assert crowded == CROWDED, "a folder of more than 15 modules, or one of CROWDED split: update the list"
