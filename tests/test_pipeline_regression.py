@@ -297,8 +297,8 @@ def test_an_injected_slowdown_raises_the_alarm_confirmed_by_its_rerun_and_an_aa_
     import json
 
     from pipelines import steps
+    from pipelines.context import as_context
     from pipelines.report.regression import find_history
-    from pipelines.tracking import tracker_for
 
     home, keys = e2e["home"], ["aa-0", "aa-1", "aa-2"]
     reports = [e2e["reports"][k] for k in keys]
@@ -360,7 +360,7 @@ def test_an_injected_slowdown_raises_the_alarm_confirmed_by_its_rerun_and_an_aa_
     # the next run's history leaves the injected run out: it measured the sleep, not the hardware
     ctx = steps.start(str(e2e["spec"]), run_key="probe", home=str(home))
     try:
-        assert [h["run_key"] for h in find_history(tracker_for(ctx), ctx, 10)] == ["aa-2", "aa-1", "aa-0"]
+        assert [h["run_key"] for h in find_history(as_context(ctx).tracker, ctx, 10)] == ["aa-2", "aa-1", "aa-0"]
     finally:
         steps.finish(ctx)
 

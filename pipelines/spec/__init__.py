@@ -258,7 +258,7 @@ def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
         raise SpecError(format_spec_error(err, source)) from None
     except TypeError as err:
         raise SpecError(one_error([f"{source}: {err}"])) from None
-    from pipelines.tracking import mask_secrets
+    from infra.credentials import mask_secrets
 
     # A spec lands in MLflow params, artifacts and the run directory: it may hold no password.
     if held := [k for k, v in flatten(spec.model_dump(mode="json")).items() if mask_secrets(v) != v]:

@@ -20,14 +20,14 @@ import json
 import logging
 import os
 import platform
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pipelines.context import STATUS
+from infra.credentials import MASK, mask_secrets
+from pipelines.rundir import STATUS
 from pipelines.tracking.journal import Journal, RunDirGone, now_ms, owner, owner_alive
 from pipelines.tracking.stranded import end_stranded
 from pipelines.tracking.upload import Uploader, groups, is_rejection
@@ -284,29 +284,6 @@ class Tracker:
             f.write(json.dumps({"entry": entry, "error": error}, default=str) + "\n")
 
 
-_MASK = "***"
-
-
-# The userinfo of any URL (up to the last '@' of its authority): user:password@ keeps the user,
-# a userinfo without a colon may be a token (https://TOKEN@host) and is masked whole.
-_URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^:/@\s]*):[^\s/]*@")
-_URL_TOKEN = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^:/@\s]+@")
-# Values of query or keyword keys named like credentials: password=, sslpassword=, token=, api_key=,
-# sig=, X-Amz-Signature=, X-Amz-Credential=, X-Amz-Security-Token=, access_key=, ...
-_SECRET_VALUE = re.compile(
-    r"(?i)\b([a-z0-9_.-]*(?:password|passwd|pwd|token|secret|api[_-]?key|access[_-]?key|private[_-]?key|"
-    r"signature|sig|credential|credentials|auth))=([^&\s;,'\"]+)"
-)
-
-
-def mask_secrets(text: str) -> str:
-    """`text` with every URL's userinfo secret and every credential-like `key=value` masked: what
-    params, tags, the run directory and logs hold of a tracking or database URI."""
-    text = _URL_CREDENTIALS.sub(lambda m: f"{m[1]}{m[2]}:{_MASK}@", text)
-    text = _URL_TOKEN.sub(lambda m: f"{m[1]}{_MASK}@", text)
-    return _SECRET_VALUE.sub(lambda m: f"{m[1]}={_MASK}", text)
-
-
 def mask_uri(uri: str) -> str:
     """The tracking URI without its password: what ctx.json, XCom and logs may hold."""
     return mask_secrets(uri)
@@ -314,7 +291,7 @@ def mask_uri(uri: str) -> str:
 
 def resolve_uri(stored: str) -> str:
     """The real URI for a masked one: credentials come from the environment only."""
-    if _MASK not in stored:
+    if MASK not in stored:
         return stored
     real = os.environ.get("MLFLOW_TRACKING_URI", "")
     if mask_uri(real) != stored:
@@ -323,10 +300,3 @@ def resolve_uri(stored: str) -> str:
             "environment (an Airflow connection or the deployment's env file), and that is not set to it"
         )
     return real
-
-
-def tracker_for(ctx: dict[str, Any]) -> Tracker:
-    """A tracker of the run in a ctx dict (`RunContext.tracker` makes it)."""
-    from pipelines.context import as_context
-
-    return as_context(ctx).tracker

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.context import RunDir
+from pipelines.rundir import RunDir
 from pipelines.tracking.journal import owner_alive
 from pipelines.tracking.upload import TAG_FAILURE, TAG_OWNER, TAG_RUN_DIR, TAG_RUN_KEY
 
