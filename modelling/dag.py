@@ -20,13 +20,10 @@ at the placement.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from modelling.fabric import Fabric, Resource, Transfer, Wire, compute
-from modelling.scenario import Scenario
 from modelling.simulate import Dag
-from training.config import Algorithm, Comm
 
 
 @dataclass
@@ -174,25 +171,6 @@ def comm_groups(c: Costs, overlap: bool, bucket_bytes: int) -> list[tuple[int, i
     for bucket in ddp_buckets(sizes, bucket_bytes):
         out.append((owner[bucket[-1]], sum(sizes[i] for i in bucket)))
     return out
-
-
-# Unrolled iterations: enough for the asynchronous pipelines to settle; the
-# second half is the steady state that is measured.
-ITERATIONS = {(Algorithm.ssgd, Comm.allreduce): 3, (Algorithm.ssgd, Comm.ps): 4, (Algorithm.odsgd, Comm.ps): 6,
-              (Algorithm.asgd, Comm.ps): 8}
-
-
-def build_plan(c: Costs, s: Scenario, iterations: int | None = None, counts: Sequence[int] | None = None) -> Plan:
-    """The unrolled DAG of scenario `s` (its world size; costs for that world size), over
-    `iterations` (default: enough for the algorithm's usual pipeline to settle), or per
-    worker class `counts` (ASGD only: its classes need not keep step)."""
-    iterations = iterations or ITERATIONS[(s.algorithm, s.comm)]
-    if s.comm == Comm.allreduce:
-        return build_allreduce(c, s.workers, iterations, overlap=s.overlap, bucket_bytes=s.bucket_bytes)
-    from modelling.dag_ps import build_ps  # the PS builders build on this module
-
-    asgd = s.algorithm == Algorithm.asgd
-    return build_ps(c, s.algorithm, s.workers, s.servers, iterations, counts=counts if asgd else None)
 
 
 def without_compute(c: Costs) -> Costs:

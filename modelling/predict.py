@@ -9,11 +9,12 @@ from typing import Any
 
 from modelling.cores import on_shared_cores
 from modelling.costs import CommCosts
-from modelling.dag import Costs, Plan, build_plan, comm_groups, without_compute
+from modelling.dag import Costs, Plan, comm_groups, without_compute
 from modelling.fabric import Fabric, Wire, compute
 from modelling.fit import CommModelError
 from modelling.layers import LayersError, check_layers
 from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
+from modelling.plan import build_plan
 from modelling.records import migrate_layers
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from infra.placement import place
 from modelling.costs import CommCosts
-from modelling.dag import build_plan
 from modelling.fit import fit_comm
 from modelling.links import ps_link_queue
+from modelling.plan import build_plan
 from modelling.predict import build_costs, expected_straggle, predict
 from modelling.scenario import Scenario
 from modelling.trace import predicted_timeline

@@ -526,7 +526,7 @@ def test_a_pipeline_is_read_once_its_backlog_has_built_up() -> None:
     import modelling.predict as mp
     from infra.placement import place
     from modelling.costs import CommCosts
-    from modelling.dag import build_plan
+    from modelling.plan import build_plan
     from modelling.scenario import Scenario
     from modelling.simulate import simulate
 
