@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from modelling.fit import fit_comm, load_comm_model
-from modelling.layers import load_layers
+from modelling.measure.layers import load_layers
 from modelling.predict import predict
 
 TARGET_S = 1.0
@@ -45,7 +45,7 @@ def main() -> None:
     if args.layers:
         layers = load_layers(args.layers)
     else:
-        from modelling.profiler import profile_layers
+        from modelling.measure.profiler import profile_layers
 
         layers = profile_layers("resnet50", 2, warmup=1, repeats=2)
     comm = load_comm_model(args.comm) if args.comm else ten_gbit_model()

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from modelling.fit import CommModelError, sustained_slope
-from modelling.records import migrate_model
+from modelling.measure.records import migrate_model
 
 
 class CommCosts:

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from modelling.files import read_json
 from modelling.links import multi_node, ps_link_queue
-from modelling.records import migrate_comm
+from modelling.measure.files import read_json
+from modelling.measure.records import migrate_comm
 
 COMM_KIND = "ddlbench-comm"
 # Sustained rate: the slope over the sizes within this factor of the largest.
@@ -95,7 +95,7 @@ def sustained_slope(sizes: list[float], times: list[float]) -> float:
 
 
 def _cost(row: dict[str, Any]) -> float:
-    """A row's expected cost: its trimmed mean over repeats (modelling/records.py)."""
+    """A row's expected cost: its trimmed mean over repeats (modelling/measure/records.py)."""
     return row["mean_s"]
 
 
@@ -243,7 +243,7 @@ def _migrated(comm: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def load_comm(path: Path) -> dict[str, Any]:
-    """comm.json, brought up to the current schema (modelling/records.py)."""
+    """comm.json, brought up to the current schema (modelling/measure/records.py)."""
     data = read_json(path, "comm.json file", CommModelError)
     if data.get("kind") != COMM_KIND or not isinstance(data.get("measurements"), list):
         raise CommModelError(

@@ -12,10 +12,10 @@ from modelling.costs import CommCosts
 from modelling.dag import Costs, Plan, comm_groups, without_compute
 from modelling.fabric import Fabric, Wire, compute
 from modelling.fit import CommModelError
-from modelling.layers import LayersError, check_layers
 from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
+from modelling.measure.layers import LayersError, check_layers
+from modelling.measure.records import migrate_layers
 from modelling.plan import build_plan
-from modelling.records import migrate_layers
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 from training.config import Algorithm, Comm
@@ -55,7 +55,7 @@ def expected_straggle(samples: list[float], workers: int) -> float:
 
 def table(layers: dict[str, Any]) -> dict[str, Any]:
     """A layer table checked (LayersError naming what lacks) and brought up to the current
-    schema (modelling/records.py)."""
+    schema (modelling/measure/records.py)."""
     check_layers(layers)
     try:
         return migrate_layers(layers)

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from modelling.configs import Config
+from modelling.measure.configs import Config
 from training.config import Algorithm, Comm, TrainConfig, default_comm
 
 ALGORITHMS = tuple(a.value for a in Algorithm)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from modelling.microbench_rank import _round_times, _timed, clock_offsets
+from modelling.measure.microbench_rank import _round_times, _timed, clock_offsets
 
 LATE_S = 0.03
 

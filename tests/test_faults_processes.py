@@ -99,7 +99,7 @@ def test_a_profiling_rank_that_dies_fails_the_profile_at_once_naming_it(tmp_path
     (no barrier waited out) with an error naming the rank and its signal."""
     import threading
 
-    from modelling.profiler import ProfileFailed, profile_layers
+    from modelling.measure.profiler import ProfileFailed, profile_layers
 
     out = tmp_path / "profile"
     killed: list[float] = []
@@ -110,7 +110,7 @@ def test_a_profiling_rank_that_dies_fails_the_profile_at_once_naming_it(tmp_path
             for p in psutil.process_iter(["cmdline"]):
                 try:
                     cmd = p.info["cmdline"] or []
-                    if "modelling.profile_rank" in cmd and str(out) in cmd and p.environ().get("RANK") == "1":
+                    if "modelling.measure.profile_rank" in cmd and str(out) in cmd and p.environ().get("RANK") == "1":
                         if (out / "profile-job.json").exists():
                             time.sleep(3)  # let it reach its iterations
                             killed.append(time.monotonic())

@@ -9,9 +9,9 @@ import pytest
 from infra.hostload import QUIET
 from infra.local import LocalProvider
 from modelling.fit import fit_comm
-from modelling.layers import load_layers, write_layers
-from modelling.microbench import run_microbench
-from modelling.profiler import profile_layers
+from modelling.measure.layers import load_layers, write_layers
+from modelling.measure.microbench import run_microbench
+from modelling.measure.profiler import profile_layers
 from modelling.validate import ValidationInputError, validate_runs
 from pipelines.launch import launch, prepare
 
@@ -227,7 +227,7 @@ def test_repeat_spread_and_errors_of_hand_written_rows() -> None:
 
 
 def test_the_insitu_table_replaces_the_profiles_compute_and_nothing_else() -> None:
-    from modelling.layers import LayersError
+    from modelling.measure.layers import LayersError
     from modelling.validate import insitu_layers
 
     def table(fwd: float, names=("conv", "fc"), **extra) -> dict:

@@ -167,10 +167,10 @@ def test_merged_comm_files_count_each_size_once() -> None:
 def test_an_older_comm_json_and_layer_table_are_migrated_in_one_place() -> None:
     """Version 1 files (no schema_version; comm rows without mean_s or servers; layer rows
     without param_tensor_bytes, no PS copy times) read as the current schema
-    (modelling/records.py): the same fits, the same predictions as the files written today;
+    (modelling/measure/records.py): the same fits, the same predictions as the files written today;
     a malformed field is named."""
+    from modelling.measure.records import SCHEMA_VERSION, migrate_comm, migrate_layers
     from modelling.predict import predict
-    from modelling.records import SCHEMA_VERSION, migrate_comm, migrate_layers
     from tests.test_modelling_predict import TOY
 
     new = synthetic_comm(20e-6, 1e-9, 0.2e-9, workers=2)

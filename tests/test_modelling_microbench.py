@@ -1,5 +1,5 @@
 """The microbenchmark's timing on real torchrun ranks: one clock for every rank, and an
-operation timed from its last rank's arrival (modelling/microbench_rank.py)."""
+operation timed from its last rank's arrival (modelling/measure/microbench_rank.py)."""
 
 from __future__ import annotations
 

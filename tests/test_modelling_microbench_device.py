@@ -1,4 +1,4 @@
-"""`ddlbench microbench --device` (modelling/microbench_device.py): cuda refused at once
+"""`ddlbench microbench --device` (modelling/measure/microbench_device.py): cuda refused at once
 without a GPU; cpu writes comm.json as it did before the option; cuda, where there is a GPU,
 times the allreduce on it."""
 
@@ -15,9 +15,9 @@ import psutil
 import pytest
 import torch
 
-from modelling.configs import MicrobenchConfig
-from modelling.microbench import run_config, run_microbench
-from modelling.microbench_device import pin_device, rank_device
+from modelling.measure.configs import MicrobenchConfig
+from modelling.measure.microbench import run_config, run_microbench
+from modelling.measure.microbench_device import pin_device, rank_device
 
 REPO = Path(__file__).resolve().parent.parent
 NO_CUDA = not torch.cuda.is_available()

@@ -20,7 +20,7 @@ import pytest
 
 from infra.netns import NetnsProvider
 from modelling.fit import fit_comm
-from modelling.microbench import run_microbench
+from modelling.measure.microbench import run_microbench
 from modelling.predict import predict
 from modelling.scenario import Scenario
 from tests.conftest import needs_root

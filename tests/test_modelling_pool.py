@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from modelling.layers import LayersError, pool_layers
+from modelling.measure.layers import LayersError, pool_layers
 from modelling.validate import group_repeats
 
 

@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from modelling.fit import fit_comm
-from modelling.layers import LayersError, write_layers
+from modelling.measure.layers import LayersError, write_layers
 from modelling.predict import predict
 from modelling.trace import predicted_timeline, write_chrome_trace, write_gantt
 from pipelines.cli import cli
@@ -379,7 +379,7 @@ def test_the_predict_stage_writes_a_row_for_every_configuration_predicted_or_not
     with its ps fit gone, every PS configuration is a `no_prediction` row, the allreduce ones
     are predicted, and nothing raises."""
     from modelling.fit import fit_comm, load_comm
-    from modelling.layers import load_layers
+    from modelling.measure.layers import load_layers
     from pipelines.spec import load_spec
     from pipelines.stages.grid import predictions
     from tests.grid_fixtures import GRIDS
@@ -564,7 +564,7 @@ def test_validation_keeps_a_measured_row_for_a_configuration_it_cannot_predict()
     measured row with the reason in place of the prediction and its errors, the allreduce run
     is validated as before, and the summary's errors are over the predicted configurations."""
     from modelling.fit import fit_comm, load_comm
-    from modelling.layers import load_layers
+    from modelling.measure.layers import load_layers
     from modelling.validate import validate_runs
     from tests.grid_fixtures import GRIDS
 

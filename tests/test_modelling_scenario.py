@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.units import parse_rate
-from modelling.configs import MicrobenchConfig, ProfileConfig
+from modelling.measure.configs import MicrobenchConfig, ProfileConfig
 from modelling.scenario import Scenario
 from pipelines.spec.sections import MicrobenchSpec, ProfileSpec
 from training.config import TrainConfig, build_config, default_comm

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from modelling.profiler import profile_layers
+from modelling.measure.profiler import profile_layers
 from training.device_timer import CudaEventTimer, HostTimer, timer_for
 from training.layer_timing import LayerTimer
 from training.models import build_model

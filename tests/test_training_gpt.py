@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from modelling.profiler import profile_layers
+from modelling.measure.profiler import profile_layers
 from tests.trainjobs import Reference, max_diff, run_job
 from training.gpt_shape import resolve_shape
 from training.text import TokenSource, corpus_fingerprint, load_text, markov_chain, stdlib_corpus

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from modelling.layers import load_layers
+from modelling.measure.layers import load_layers
 from training.layer_timing import EVERY_ENV, INSITU_FILE
 from training.models import build_model
 from training.timeline import read_jsonl

@@ -4,7 +4,7 @@ A CUDA call returns before its kernel runs, so a host clock read after it times 
 not the work; synchronising before every read would time the work but stall the stream at
 every stamp. An event recorded on the current stream is stamped when the stream reaches it,
 so an iteration records its events, synchronises once at its end (`settle`), and only then
-reads them (`elapsed`). The layer profiler (modelling/profiler.py) and the in-situ sampling
+reads them (`elapsed`). The layer profiler (modelling/measure/profiler.py) and the in-situ sampling
 (training/layer_timing.py) time layers through it.
 """
 

@@ -6,7 +6,7 @@ head tied to the token embedding. Random init (GPT-2's: N(0, 0.02), residual
 projections scaled by 1/sqrt(2 n_layer)); nothing is downloaded.
 
 Each of the three kinds of part (`Embedding`, `Block`, `Head`) holds its parameters
-itself rather than in submodules: the layer profiler (modelling/profiler.py) times
+itself rather than in submodules: the layer profiler (modelling/measure/profiler.py) times
 every module that owns parameters, so the profile, and the DAG model built on it,
 come out by block: the embedding, each transformer block, the head.
 

@@ -4,7 +4,7 @@ to the run directory as `layers_insitu.json`.
 
 A sampled iteration registers hooks for its forward and backward only (none stay on the
 others): a forward hook stamps the end of each layer's forward, a post-accumulate-grad hook
-the moment each of its gradients is ready, as the profiler does (modelling/profiler.py), so a
+the moment each of its gradients is ready, as the profiler does (modelling/measure/profiler.py), so a
 layer is charged the time since the previous stamp and parameter-free work lands on the next
 layer that owns parameters. On CUDA the stamps are CUDA events, read after the iteration's own
 synchronisation, so sampling adds no synchronisation of its own.

@@ -14,7 +14,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from modelling.configs import MicrobenchConfig, ProfileConfig
+from modelling.measure.configs import MicrobenchConfig, ProfileConfig
 from pipelines.cli.common import PATH, bandwidth, fail, out_dir, print_rows
 from pipelines.options import option_for
 
@@ -54,8 +54,8 @@ def _given(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _profile(out: Path, **options: Any) -> None:
-    from modelling.layers import format_table, write_layers
-    from modelling.profiler import ProfileFailed, run_profile
+    from modelling.measure.layers import format_table, write_layers
+    from modelling.measure.profiler import ProfileFailed, run_profile
 
     try:
         table = run_profile(ProfileConfig.of("profile", **_given(options)))
@@ -80,7 +80,7 @@ profile = ConfigCommand(
 
 
 def _microbench(out: Path, link_bandwidth: float | None, **options: Any) -> None:
-    from modelling.microbench import MicrobenchFailed, cuda_missing, run_config
+    from modelling.measure.microbench import MicrobenchFailed, cuda_missing, run_config
 
     try:
         config = MicrobenchConfig.of("microbench", link_bytes_per_s=link_bandwidth, **_given(options))

@@ -118,7 +118,7 @@ def predict_cmd(
 ) -> None:
     """Predict iteration time and throughput per world size from the DAG model."""
     from modelling.fit import load_comm_model
-    from modelling.layers import load_layers
+    from modelling.measure.layers import load_layers
     from modelling.predict import predict
     from modelling.scenario import Scenario
     from modelling.trace import predicted_timeline, write_chrome_trace, write_gantt
@@ -192,7 +192,7 @@ def validate(
 ) -> None:
     """Predicted vs measured iteration time for training runs."""
     from modelling.fit import load_comm_model
-    from modelling.layers import load_layers
+    from modelling.measure.layers import load_layers
     from modelling.validate import validate_runs
 
     try:

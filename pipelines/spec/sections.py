@@ -2,7 +2,7 @@
 workloads, algorithms, network, microbench, profile, what-ifs, regression, tracking.
 
 The profile and microbench sections are modelling's own settings
-(modelling.configs) with an `enabled` flag; link rates read through
+(modelling.measure.configs) with an `enabled` flag; link rates read through
 infra.units.parse_rate.
 """
 
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from infra import bounds
 from infra.units import parse_rate
-from modelling.configs import MicrobenchSettings, ProfileSettings
+from modelling.measure.configs import MicrobenchSettings, ProfileSettings
 from training.config import Algorithm, Comm, InputShape, check_input_shape, default_comm
 from training.gpt_shape import GPT_OPTIONS
 
@@ -214,7 +214,7 @@ class ProfileSpec(ProfileSettings):
     enabled: bool = True
     pooled: int = Field(
         3, ge=1, le=20, description="Profile rounds of each workload, pooled (each time the median over "
-        "them, modelling.layers.pool_layers) and one interval input each."
+        "them, modelling.measure.layers.pool_layers) and one interval input each."
     )
 
 

@@ -28,8 +28,8 @@ PRIMITIVES = 3  # allreduce, point-to-point, parameter-server rounds
 
 def _profile_round(ctx: RunContext, spec: BenchSpec, wl: Any, batch: int, i: int, p: Any) -> dict[str, Any]:
     """Round i of a workload's profile (profile/NAME/rI/layers.json), measured once."""
-    from modelling.layers import load_layers, write_layers
-    from modelling.profiler import profile_layers
+    from modelling.measure.layers import load_layers, write_layers
+    from modelling.measure.profiler import profile_layers
 
     out = ctx.paths.profile(workload_dir(wl, batch)) / f"r{i}"
     if (out / "layers.json").exists():
@@ -82,7 +82,7 @@ def microbench(ctx: RunContext) -> dict:
     def body(t: Tracker, node: str) -> dict:
         if not spec.microbench.enabled:
             return {"comm": [], "skipped": True}
-        from modelling.microbench import run_microbench
+        from modelling.measure.microbench import run_microbench
 
         mb = spec.microbench
         paths = []
@@ -124,7 +124,7 @@ def profile(ctx: RunContext) -> dict:
     def body(t: Tracker, node: str) -> dict:
         if not spec.profile.enabled:
             return {"layers": {}, "skipped": True}
-        from modelling.layers import pool_layers, write_layers
+        from modelling.measure.layers import pool_layers, write_layers
 
         out: dict[str, str] = {}
         for wl in spec.workloads:

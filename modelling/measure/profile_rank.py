@@ -1,7 +1,7 @@
 """Entry point of every profiling rank started by torchrun:
-`python -m modelling.profile_rank OUT_DIR`.
+`python -m modelling.measure.profile_rank OUT_DIR`.
 
-Reads OUT_DIR/profile-job.json, written by `modelling.profiler.profile_layers`.
+Reads OUT_DIR/profile-job.json, written by `modelling.measure.profiler.profile_layers`.
 Every rank builds the model and its data, then all meet at a barrier. Rank 0
 measures the layer table and writes OUT_DIR/profile-result.json; ranks 1..P-1
 run the same training iterations as contenders until rank 0 tells them it is
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.rendezvous import rendezvous
 
-from modelling.profiler import PROFILE_JOB, PROFILE_RESULT, build_profiled, profile_table, timed_iteration
+from modelling.measure.profiler import PROFILE_JOB, PROFILE_RESULT, build_profiled, profile_table, timed_iteration
 from training.device_timer import timer_for
 
 _DONE = "ddlbench/profile-done"  # set in torchrun's store by rank 0 when it has measured
@@ -88,7 +88,7 @@ def run(out: Path) -> int:
 @record
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m modelling.profile_rank OUT_DIR (started by torchrun)", file=sys.stderr)
+        print("usage: python -m modelling.measure.profile_rank OUT_DIR (started by torchrun)", file=sys.stderr)
         return 2
     return run(Path(sys.argv[1]))
 

@@ -1,4 +1,4 @@
-"""The microbenchmark's device (modelling/microbench_rank.py, `ddlbench microbench --device`).
+"""The microbenchmark's device (modelling/measure/microbench_rank.py, `ddlbench microbench --device`).
 
 On cpu every buffer is a host tensor and every primitive runs over gloo. On cuda the ranks
 start as training's do (training/run.py): the process group is "cpu:gloo,cuda:nccl", each
@@ -9,7 +9,7 @@ of one communicator on one GPU, so where workers share a GPU (2 workers on a 1-G
 allreduce of GPU tensors runs over gloo instead, and comm.json's environment says which.
 A GPU's work ends after its call returns: the allreduce synchronises the device before the
 clock is read, so every rank's stamps stay on the one host clock the timing aligns
-(modelling/microbench_clock.py), which CUDA events, per device, are not.
+(modelling/measure/microbench_clock.py), which CUDA events, per device, are not.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The microbenchmark's clock and timing (modelling/microbench_rank.py): every rank's
+"""The microbenchmark's clock and timing (modelling/measure/microbench_rank.py): every rank's
 operations stamped on rank 0's clock, an operation timed from its last rank's start to its
 last rank's end, the compute gap before each, and the host's CPU time around a loop."""
 

@@ -14,7 +14,7 @@ the current stream, read after one synchronize per iteration, as the in-situ
 sampling's are (training/device_timer.py): a host clock would time kernel launches.
 
 The profile runs as a job through a cluster provider, in fresh processes that
-torchrun starts (modelling/profile_rank.py), as training does (DESIGN §1): never
+torchrun starts (modelling/measure/profile_rank.py), as training does (DESIGN §1): never
 in the caller's process or its `multiprocessing` children, so it measures the
 node training runs on, and works inside an Airflow task. `processes = P` starts
 P ranks: rank 0 measures while ranks 1..P-1 run the same iterations as
@@ -34,8 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from modelling.configs import ProfileConfig
-from modelling.layers import write_layers
+from modelling.measure.configs import ProfileConfig
+from modelling.measure.layers import write_layers
 
 __all__ = ["ProfileConfig", "ProfileFailed", "profile_layers", "run_profile", "write_layers"]
 
@@ -250,7 +250,7 @@ def _run_job(job_spec: dict[str, Any], out: Path, provider, echo: bool) -> dict[
         stale.unlink()
     (out / PROFILE_JOB).write_text(json.dumps(job_spec, indent=2))
     job = Job(
-        module="modelling.profile_rank",
+        module="modelling.measure.profile_rank",
         args=[str(out.resolve())],
         world_size=job_spec["processes"],
         log_path=out / "profile.log",

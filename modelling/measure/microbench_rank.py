@@ -1,8 +1,8 @@
 """Entry point of every microbenchmark rank started by torchrun:
-`python -m modelling.microbench_rank OUT_DIR`.
+`python -m modelling.measure.microbench_rank OUT_DIR`.
 
 Reads OUT_DIR/microbench.json (workers, servers, sizes, repeats, timeout_s),
-written by `modelling.microbench.run_microbench`. Ranks 0..N-1 are workers,
+written by `modelling.measure.microbench.run_microbench`. Ranks 0..N-1 are workers,
 N..N+S-1 shards, as in training. With shards, ASGD's pass is timed too, in ASGD's own
 pattern (`_asgd_passes`): a synchronous round does not show what one worker's push and pull
 cost while the others compute. Every rank stamps every operation on rank 0's clock
@@ -11,7 +11,7 @@ cost while the others compute. Every rank stamps every operation on rank 0's clo
 reads the host's busy CPU time around every allreduce and PS loop (host_cpu_s): where
 every rank shares one host (loopback, or an emulated cluster of network namespaces),
 what the host's cores spend on moving the bytes, in the ranks and in the kernel.
-With device cuda the allreduce runs on GPU tensors (modelling/microbench_device.py).
+With device cuda the allreduce runs on GPU tensors (modelling/measure/microbench_device.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from modelling.fit import COMM_KIND
 from modelling.links import p2p_pairs, tcp_rmem_max, tcp_wmem_max
-from modelling.microbench_clock import (  # noqa: F401  (clock_offsets, _timed, _round_times: tests' probe)
+from modelling.measure.microbench_clock import (  # noqa: F401  (clock_offsets, _timed, _round_times: tests' probe)
     HOST_CPU_LOOP_S,
     _compute,
     _host_cpu_s,
@@ -48,8 +48,8 @@ from modelling.microbench_clock import (  # noqa: F401  (clock_offsets, _timed, 
     host_busy_s,
     trimmed_mean,
 )
-from modelling.microbench_device import backend_of, pin_device, rank_device
-from modelling.records import SCHEMA_VERSION
+from modelling.measure.microbench_device import backend_of, pin_device, rank_device
+from modelling.measure.records import SCHEMA_VERSION
 
 ASGD_PASSES = 50  # the most passes per worker and size that ASGD's pattern is timed for
 
@@ -112,14 +112,14 @@ def run(out: Path) -> int:
     gap = spec["gap_s"]
     timeout = timedelta(seconds=spec["timeout_s"])
     torch.set_num_threads(1)
-    device = spec.get("device", "cpu")  # modelling/microbench_device.py
+    device = spec.get("device", "cpu")  # modelling/measure/microbench_device.py
     pinned = pin_device(device, n)
     dist.init_process_group(backend=backend_of(device), timeout=timeout)
     rank = dist.get_rank()
     workers = dist.new_group(ranks=list(range(n)), timeout=timeout)
     dev = rank_device(device, pinned, rank, n, workers, timeout)
     rows: list[dict[str, Any]] = []
-    placement = out / "placement.json"  # written by modelling.microbench before the launch
+    placement = out / "placement.json"  # written by modelling.measure.microbench before the launch
     placed = {"node_of_rank": json.loads(placement.read_text())["node_of_rank"]} if placement.exists() else {}
     pairs = p2p_pairs(n, placed.get("node_of_rank"))
     offset = clock_offsets()[rank]
@@ -294,7 +294,7 @@ def _environment(world: int) -> dict[str, Any]:
 @record
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m modelling.microbench_rank OUT_DIR (started by torchrun)", file=sys.stderr)
+        print("usage: python -m modelling.measure.microbench_rank OUT_DIR (started by torchrun)", file=sys.stderr)
         return 2
     return run(Path(sys.argv[1]))
 

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from modelling.files import read_json
+from modelling.measure.files import read_json
 
 LAYER_KEYS = ("name", "type", "fwd_s", "bwd_s", "param_bytes")
 TABLE_KEYS = ("model", "batch_size", "layers", "update_s", "data_s")

@@ -22,7 +22,7 @@ class _Record(BaseModel):
 
 
 class CommRow(_Record):
-    """One primitive at one size, as the microbenchmark timed it (modelling/microbench_rank.py)."""
+    """One primitive at one size, as the microbenchmark timed it (modelling/measure/microbench_rank.py)."""
 
     primitive: Literal["p2p", "loopback", "allreduce", "ps", "asgd"]
     workers: int = Field(ge=1)

@@ -1,10 +1,10 @@
 """Communication microbenchmarks, launched exactly as training is (DESIGN §3).
 
-The ranks (modelling/microbench_rank.py) run through an infra provider's
+The ranks (modelling/measure/microbench_rank.py) run through an infra provider's
 `run(Job(...))`, so they cross the same network training crosses: allreduce
 over the N workers, point-to-point between ranks 0 and 1, and parameter-server
 push/pull rounds of N workers to S shards at once, over log-spaced sizes.
-With device cuda the allreduce runs on the workers' GPUs (modelling/microbench_device.py).
+With device cuda the allreduce runs on the workers' GPUs (modelling/measure/microbench_device.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from modelling.configs import DEFAULT_SIZES, MicrobenchConfig
 from modelling.fit import load_comm
+from modelling.measure.configs import DEFAULT_SIZES, MicrobenchConfig
 from training.config import Device
 
 __all__ = ["DEFAULT_SIZES", "MicrobenchConfig", "MicrobenchFailed", "cuda_missing", "run_config", "run_microbench"]
@@ -62,7 +62,7 @@ def cuda_missing(config: MicrobenchConfig) -> str | None:
     """Why `config`, a cuda microbenchmark, cannot run on this host (None for cpu, or a GPU here)."""
     if config.device is not Device.cuda:
         return None
-    from modelling.microbench_device import no_cuda_reason
+    from modelling.measure.microbench_device import no_cuda_reason
 
     return no_cuda_reason()
 
@@ -85,7 +85,7 @@ def run_config(config: MicrobenchConfig, out_dir: Path, *, provider=None, echo: 
     (out_dir / "microbench.json").write_text(json.dumps(spec, indent=2))
     (out_dir / "comm.json").unlink(missing_ok=True)
     job = Job(
-        module="modelling.microbench_rank",
+        module="modelling.measure.microbench_rank",
         args=[str(out_dir.resolve())],
         world_size=config.workers + config.servers,
         servers=config.servers,  # placed as the training jobs it models are (DESIGN §5)

@@ -40,7 +40,7 @@ class ProfileSettings(Config):
 
 
 class ProfileConfig(ProfileSettings):
-    """One layer profile: what to profile, and how (`modelling.profiler.profile_layers`)."""
+    """One layer profile: what to profile, and how (`modelling.measure.profiler.profile_layers`)."""
 
     model: str = Field(description="Model name (as for `ddlbench train`).")
     batch_size: int = Field(ge=1, le=bounds.BATCH_SIZE.limit, description="Per-process batch size.")
@@ -92,7 +92,7 @@ class MicrobenchSettings(Config):
 
 
 class MicrobenchConfig(MicrobenchSettings):
-    """One microbenchmark job (`modelling.microbench.run_microbench`)."""
+    """One microbenchmark job (`modelling.measure.microbench.run_microbench`)."""
 
     workers: int = Field(ge=1, le=bounds.WORKERS.limit, description="Worker ranks N.")
     servers: int = Field(
