@@ -25,7 +25,7 @@ from pathlib import Path
 
 from infra.local import LocalProvider
 from pipelines.launch import launch, prepare
-from training.layer_timing import DEFAULT_EVERY, EVERY_ENV
+from training.measure.layer_timing import DEFAULT_EVERY, EVERY_ENV
 
 VARIANTS = {"off": 0, f"k={DEFAULT_EVERY}": DEFAULT_EVERY, "k=1": 1}
 
@@ -50,7 +50,7 @@ def in_process(model: str, dataset: str, pairs: int) -> None:
     import torch
     import torch.nn.functional as F
 
-    from training.layer_timing import LayerTimer
+    from training.measure.layer_timing import LayerTimer
     from training.models import logits_of
 
     net, opt, x, y = one_process_step(model, dataset)

@@ -2,7 +2,7 @@
 bench_layer_timing.py measures its sampling in process.
 
 The same iteration (forward, backward, optimizer step; 1 thread) alternately sampled by the
-memory meter (training/memory.py: saved-tensor hooks in the forward, the held state counted after
+memory meter (training/measure/memory.py: saved-tensor hooks in the forward, the held state counted after
 the backward) and not, interleaved in pairs: the thread's CPU time of each, which preemption by
 other work on the host does not inflate. Prints the sampled iteration's extra cost, its share at
 the layer timer's default k (every k-th iteration sampled), and the spread over repeats.
@@ -27,7 +27,7 @@ def paired_cost(model: str, dataset: str, pairs: int) -> tuple[float, float]:
     import torch.nn.functional as F
 
     from benchmarks.bench_layer_timing import one_process_step
-    from training.memory import HeldState, MemoryMeter, optimizer_tensors
+    from training.measure.memory import HeldState, MemoryMeter, optimizer_tensors
     from training.models import logits_of
 
     net, opt, x, y = one_process_step(model, dataset)
@@ -61,7 +61,7 @@ def paired_cost(model: str, dataset: str, pairs: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    from training.layer_timing import DEFAULT_EVERY
+    from training.measure.layer_timing import DEFAULT_EVERY
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="lenet5")

@@ -6,7 +6,7 @@ Prints each figure as a ratio against its anchor, measured in the same run:
 3. OD-SGD iteration time vs max(compute, communication) on a communication-bound
    model (mlp), and OD-SGD, ASGD and SSGD-PS throughput side by side;
 4. the GPT (gpt-mini on stdlib-text): SSGD-allreduce against textbook DDP on the same
-   model, and its MFU against the GEMM-measured peak (training/peak.py).
+   model, and its MFU against the GEMM-measured peak (training/measure/peak.py).
 Alternates the measured and the anchor runs and reports medians over repeats.
 """
 

@@ -14,8 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from training.measure.timeline import Timeline
 from training.ps import PSClient, ServerConfig, ShardLayout, ShardServer
-from training.timeline import Timeline
 
 ROUNDS, WARMUP = 20, 3
 

@@ -19,7 +19,7 @@ from modelling.plan import build_plan
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
 from training.config import Algorithm, Comm
-from training.summary import shared_paces
+from training.measure.summary import shared_paces
 
 
 class NoPrediction(CommModelError):
@@ -140,7 +140,7 @@ def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = N
 
 def _periods(plan: Plan, sched: Schedule, last: float = 0.5) -> dict[str, float] | None:
     """Each worker's iteration period over the `last` fraction of the window in which every
-    worker is still running, as the measured side takes it (training/summary.py's
+    worker is still running, as the measured side takes it (training/measure/summary.py's
     `shared_paces`): every worker unrolls as many iterations, so where they keep their own
     paces (ASGD beside a colocated shard) the fast one is done long before the slow one,
     which then runs alone. None where that window is too short to tell."""

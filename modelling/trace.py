@@ -21,7 +21,7 @@ SERVER_PHASE = {"push": "comm_exposed", "pull": "send", "push-apply-pull": "upda
 def predicted_timeline(
     layers: dict[str, Any], comm_model: dict[str, Any], scenario: Scenario | None = None, **settings: Any
 ) -> list[dict[str, Any]]:
-    """The simulated schedule as timeline records (training/timeline.py's format):
+    """The simulated schedule as timeline records (training/measure/timeline.py's format):
     one record per worker (class) and step, and per server shard and step.
     Called as `predict` is, with one world size (workers=N among the settings)."""
     s = decided_scenario(resolve_scenario(scenario, settings), comm_model)
@@ -77,7 +77,7 @@ def _records(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:
 
 
 def write_chrome_trace(records: list[dict[str, Any]], path: Path) -> Path:
-    from training.timeline import to_chrome_trace
+    from training.measure.timeline import to_chrome_trace
 
     path.write_text(json.dumps(to_chrome_trace(records, label="predicted")))
     return path

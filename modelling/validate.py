@@ -6,7 +6,7 @@ in the run directory or beside it (its parent).
 
 Two errors per run and configuration: `error`, end to end (the DAG fed with the profile,
 as for a configuration not run), and `model_error`, the DAG fed with the run's own
-per-layer compute measured in situ (layers_insitu.json, training/layer_timing.py), which
+per-layer compute measured in situ (layers_insitu.json, training/measure/layer_timing.py), which
 leaves what the model itself gets wrong. Beside them `repeat_spread`, max/min - 1 of the
 configuration's repeats' measured iteration: the noise floor under which an error means
 nothing.
@@ -29,7 +29,7 @@ class ValidationInputError(ValueError):
     """A run directory, layer table or comm model is missing or does not match."""
 
 
-INSITU_FILE = "layers_insitu.json"  # training.layer_timing.INSITU_FILE, without importing torch
+INSITU_FILE = "layers_insitu.json"  # training.measure.layer_timing.INSITU_FILE, without importing torch
 
 # The fewest sampled iterations (over a configuration's repeats) a model error is reported on.
 # The in-situ table takes each layer's median share of the sampled passes: a median of 5 still

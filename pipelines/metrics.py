@@ -5,9 +5,9 @@ metric names its MLflow run carries (units in the names), both ways.
     iter_time_<q>_s        summary["iter_time_s"][<q>]         (p50, p90, ...)
     <phase>_s              summary["breakdown_s"][<phase>]     (data, forward, backward, ...)
     staleness_mean_steps, staleness_max_steps                 summary["staleness"]
-    canary_<kind>_<when>, canary_cpu_share_<when>,            summary["canary"] (training/canary.py)
+    canary_<kind>_<when>, canary_cpu_share_<when>,            summary["canary"] (training/measure/canary.py)
     canary_speed_log, canary_gemm_log
-    memory.peak_bytes, memory.peak_rss_bytes,                 summary["memory"] (training/memory.py):
+    memory.peak_bytes, memory.peak_rss_bytes,                 summary["memory"] (training/measure/memory.py):
     memory.reserved_bytes (CUDA), memory.rank<k>.peak_bytes   the largest rank's, and each rank's
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from training.canary import metrics as canary_metrics
+from training.measure.canary import metrics as canary_metrics
 
 # Summary figures logged as MLflow metrics under the same names.
 SUMMARY_METRICS = (

@@ -58,7 +58,7 @@ def test_an_import_up_a_floor_breaks_the_contract(tmp_path: Path) -> None:
 # What issue 52 has yet to take apart: the suite fails on any new one, and on one of these gone
 # (so the list shrinks as the house does).
 KNOWN_CIRCLES: list[set[str]] = []
-CROWDED = {"training"}  # folders of more than 15 modules and no sub-package yet
+CROWDED: set[str] = set()  # folders of more than 15 modules and no sub-package yet
 MOST_MODULES = 15
 
 

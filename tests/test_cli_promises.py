@@ -28,7 +28,7 @@ import torch
 
 from tests.test_training_algorithms import ssgd_reference
 from tests.trainjobs import max_diff, processes_under
-from training.timeline import read_jsonl
+from training.measure.timeline import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from training import heartbeat
 from training.heartbeat import Beat, Heartbeat, describe_stall, stalled
-from training.timeline import Timeline
+from training.measure.timeline import Timeline
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,7 @@ def test_a_stopped_process_s_beat_ages_while_a_waiting_one_s_does_not(tmp_path: 
     """Real processes: one stopped (SIGSTOP) and one blocked in a wait that releases the GIL;
     only the stopped one is named."""
     code = ("import sys, time, threading; from pathlib import Path; from training.heartbeat import Heartbeat; "
-            "from training.timeline import Timeline; r = int(sys.argv[1]); tl = Timeline(r, 'worker', 0.0); "
+            "from training.measure.timeline import Timeline; r = int(sys.argv[1]); tl = Timeline(r, 'worker', 0.0); "
             "h = Heartbeat(Path(sys.argv[2]), r, 'worker', tl, interval_s=0.1).start(); tl.begin(7); "
             "print('up', flush=True); threading.Event().wait(60)")
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -23,7 +23,7 @@ from tests.test_faults_training import no_ranks_left
 from tests.trainjobs import rank_process
 from training import heartbeat
 from training.heartbeat import Beat, Heartbeat, Watch, stalled
-from training.timeline import Timeline
+from training.measure.timeline import Timeline
 
 FLOOR_S = heartbeat.MIN_GAP_INTERVALS * heartbeat.INTERVAL_S  # beats more than the timeout a stop must last
 POLLS = 40

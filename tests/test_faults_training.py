@@ -24,7 +24,7 @@ from tests.conftest import needs_root
 from tests.test_training_algorithms import ssgd_reference
 from tests.trainjobs import max_diff, rank_process
 from training.config import ConfigError
-from training.timeline import read_jsonl
+from training.measure.timeline import read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 

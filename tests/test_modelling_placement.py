@@ -21,7 +21,7 @@ from modelling.scenario import Scenario
 from modelling.trace import predicted_timeline
 from tests.test_modelling_fit import SIZES, synthetic_comm
 from tests.test_modelling_predict import layer_table
-from training.summary import shared_paces, worker_paces
+from training.measure.summary import shared_paces, worker_paces
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from modelling.predict import predict
 from modelling.trace import predicted_timeline, write_chrome_trace, write_gantt
 from pipelines.cli import cli
 from tests.test_modelling_fit import synthetic_comm
-from training.timeline import WORKER_PHASES, to_chrome_trace
+from training.measure.timeline import WORKER_PHASES, to_chrome_trace
 
 ALPHA, BETA, GAMMA = 20e-6, 1e-9, 0.25e-9
 CONFIGS = [("ssgd", "allreduce"), ("ssgd", "ps"), ("asgd", "ps"), ("odsgd", "ps")]

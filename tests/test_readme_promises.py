@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training.timeline import read_jsonl
+from training.measure.timeline import read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.trainjobs import Reference, max_diff, run_job
-from training.timeline import read_jsonl
+from training.measure.timeline import read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The device timer (training/device_timer.py) the layer profiler and in-situ sampling share:
+"""The device timer (training/measure/device_timer.py) the layer profiler and in-situ sampling share:
 the host clock on CPU, CUDA events on CUDA; and a CPU layer profile timed through it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from modelling.measure.profiler import profile_layers
-from training.device_timer import CudaEventTimer, HostTimer, timer_for
-from training.layer_timing import LayerTimer
+from training.measure.device_timer import CudaEventTimer, HostTimer, timer_for
+from training.measure.layer_timing import LayerTimer
 from training.models import build_model
 
 NO_CUDA = not torch.cuda.is_available()

@@ -24,9 +24,9 @@ from pipelines.launch import prepare
 from pipelines.spec import INJECTED_OPTIONS
 from training import inject
 from training.config import INJECT_CLASSES, ConfigError, build_config
-from training.layer_timing import EVERY_ENV, INSITU_FILE
+from training.measure.layer_timing import EVERY_ENV, INSITU_FILE
+from training.measure.timeline import Timeline, read_jsonl
 from training.models import build_model
-from training.timeline import Timeline, read_jsonl
 from training.trainer import Trainer
 
 from .trainjobs import run_job

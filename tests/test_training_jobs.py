@@ -17,8 +17,8 @@ from infra.local import LocalProvider
 from pipelines.cli import cli
 from pipelines.launch import JobFailed, launch, prepare
 from tests.trainjobs import rank_process
+from training.measure.timeline import read_jsonl
 from training.ps import ShardLayout
-from training.timeline import read_jsonl
 
 # lenet5 on digits, 2 workers x 32, 150 steps: every algorithm must pass this.
 TARGET_ACCURACY = 0.85
@@ -112,7 +112,7 @@ def test_each_algorithm_learns_digits(tmp_path, options):
 
 
 def _check_memory(summary: dict, options: dict) -> None:
-    """Memory on every rank (training/memory.py): what each holds, from the objects that hold it."""
+    """Memory on every rank (training/measure/memory.py): what each holds, from the objects that hold it."""
     memory, servers = summary["memory"], summary["servers"]
     ranks = memory["ranks"]
     assert [(r["rank"], r["role"]) for r in ranks] == (

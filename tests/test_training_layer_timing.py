@@ -1,4 +1,4 @@
-"""In-situ per-layer timing (training/layer_timing.py) in real training jobs."""
+"""In-situ per-layer timing (training/measure/layer_timing.py) in real training jobs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import statistics
 import pytest
 
 from modelling.measure.layers import load_layers
-from training.layer_timing import EVERY_ENV, INSITU_FILE
+from training.measure.layer_timing import EVERY_ENV, INSITU_FILE
+from training.measure.timeline import read_jsonl
 from training.models import build_model
-from training.timeline import read_jsonl
 
 from .trainjobs import run_job
 

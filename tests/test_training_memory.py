@@ -1,4 +1,4 @@
-"""Memory counting on one process (training/memory.py): the state tensors and the activations
+"""Memory counting on one process (training/measure/memory.py): the state tensors and the activations
 saved for backward, against figures worked out by hand."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.memory import HeldState, MemoryMeter, optimizer_tensors, summarise
+from training.measure.memory import HeldState, MemoryMeter, optimizer_tensors, summarise
 
 IN, H1, H2, OUT, BATCH = 12, 32, 16, 5, 8
 F32, I64 = 4, 8

@@ -14,9 +14,9 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from training.config import Algorithm, Comm, Compensation, TrainConfig
-from training.memory import HeldState, ddp_bucket_bytes, optimizer_tensors
+from training.measure.memory import HeldState, ddp_bucket_bytes, optimizer_tensors
+from training.measure.timeline import Timeline
 from training.ps import PSClient, ShardLayout, TrafficStats
-from training.timeline import Timeline
 
 
 class Strategy:
@@ -62,7 +62,7 @@ class Strategy:
             p.grad = None
 
     def held_state(self) -> HeldState:
-        """The tensors this worker holds from one iteration to the next (training/memory.py)."""
+        """The tensors this worker holds from one iteration to the next (training/measure/memory.py)."""
         return HeldState(parameters=list(self.net.parameters()), gradients=[p.grad for p in self.params],
                          buffers=list(self.net.buffers()))
 

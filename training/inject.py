@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from training.config import INJECT_LAYER, TrainConfig
-from training.timeline import Timeline
+from training.measure.timeline import Timeline
 
 
 def spin(seconds: float) -> None:

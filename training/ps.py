@@ -30,8 +30,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from training.memory import HeldState, optimizer_tensors
-from training.timeline import Timeline
+from training.measure.memory import HeldState, optimizer_tensors
+from training.measure.timeline import Timeline
 
 
 @dataclass(frozen=True)

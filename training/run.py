@@ -30,15 +30,15 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.rendezvous import rendezvous
 
-from training import canary as host_canary
-from training import memory
 from training.checkpoint import CheckpointStore
 from training.config import Algorithm, Comm, TrainConfig
 from training.heartbeat import Heartbeat
+from training.measure import canary as host_canary
+from training.measure import memory
+from training.measure.summary import environment, language_model_figures, staleness_figures, timing_figures
+from training.measure.timeline import Timeline, to_chrome_trace, write_jsonl
 from training.ps import ServerConfig, ShardLayout, ShardServer
 from training.shape import resolve_steps
-from training.summary import environment, language_model_figures, staleness_figures, timing_figures
-from training.timeline import Timeline, to_chrome_trace, write_jsonl
 from training.trainer import Diverged, Trainer
 
 DIVERGED = "diverged.json"  # written by the rank that saw a NaN/inf loss

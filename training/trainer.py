@@ -23,11 +23,11 @@ from training.algorithms import AllreduceSSGD, make_strategy
 from training.config import TrainConfig
 from training.datasets import GlobalBatchSampler, load_dataset
 from training.gpt_shape import is_gpt, resolve_shape
-from training.layer_timing import LayerTimer, sampling_every
-from training.memory import MemoryMeter
+from training.measure.layer_timing import LayerTimer, sampling_every
+from training.measure.memory import MemoryMeter
+from training.measure.timeline import Timeline
 from training.models import build_model, logits_of
 from training.shape import resolve_input_shape
-from training.timeline import Timeline
 
 
 @torch.no_grad()

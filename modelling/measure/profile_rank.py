@@ -29,7 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.rendezvous import rendezvous
 
 from modelling.measure.profiler import PROFILE_JOB, PROFILE_RESULT, build_profiled, profile_table, timed_iteration
-from training.device_timer import timer_for
+from training.measure.device_timer import timer_for
 
 _DONE = "ddlbench/profile-done"  # set in torchrun's store by rank 0 when it has measured
 

@@ -11,7 +11,7 @@ to the median whole forward+backward pass (`layer_time_scale`): on a
 time-shared CPU, preemptions land in a different layer each repeat and
 per-layer medians alone would drop them. On CUDA the stamps are CUDA events on
 the current stream, read after one synchronize per iteration, as the in-situ
-sampling's are (training/device_timer.py): a host clock would time kernel launches.
+sampling's are (training/measure/device_timer.py): a host clock would time kernel launches.
 
 The profile runs as a job through a cluster provider, in fresh processes that
 torchrun starts (modelling/measure/profile_rank.py), as training does (DESIGN §1): never
@@ -87,7 +87,7 @@ def build_profiled(
 
 
 def timed_iteration(net, opt, train, sampler, step: int, dev, timer) -> dict[str, Any]:
-    """One training iteration stamped by `timer` (training/device_timer.py) and settled: the
+    """One training iteration stamped by `timer` (training/measure/device_timer.py) and settled: the
     data and update spans in seconds, and the stamps that bound the forward and backward,
     for `timer.elapsed` against the layers' own."""
     import torch.nn.functional as F
@@ -287,7 +287,7 @@ def profile_table(job: dict[str, Any], net, opt, train, sampler, shape, dev) -> 
 
 
 def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[str, Any]:
-    from training.device_timer import timer_for
+    from training.measure.device_timer import timer_for
 
     timer = timer_for(dev)
     names = {m: n for n, m in net.named_modules()}

@@ -10,7 +10,7 @@ Test, per config, on log throughput (pipelines/report/regression_stats.py, docs/
 (a history run or this one) is one value, the mean of its repeats' logs, with a within-run variance
 from its own steps (batch means); the test's variance combines the history's between-run spread with
 the runs' within-run noise. It is made twice: on the raw throughput, and relative to the host-speed
-canary each run timed (training/canary.py). The relative test decides where tonight's canary moved
+canary each run timed (training/measure/canary.py). The relative test decides where tonight's canary moved
 beyond the history's spread of it (a host slower tonight for every workload is no regression of
 one), the raw test elsewhere (the canary's own noise would blunt it). A regression needs p < `regression.alpha`
 AND a slowdown larger than `regression.min_effect`: a significant 1% change is no alarm. Each check

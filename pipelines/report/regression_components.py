@@ -1,7 +1,7 @@
 """The regression alarm at the component level, and the model's attribution of a change to its
 components (docs/regression.md, "Components").
 
-A run's iteration is made of parts the trainer times in situ (training/layer_timing.py): each
+A run's iteration is made of parts the trainer times in situ (training/measure/layer_timing.py): each
 layer's forward and backward, the batch load (`data`) and the worker's `update`. A slowdown of one
 part is a small change of the whole and a large change of that part, so each part is tested
 against its history on its own:
@@ -17,7 +17,7 @@ against its history on its own:
 - **data**, raw.
 
 CPU work (the layers, the update) is in CPU seconds where tonight and every history run have them
-(a CPU rank, training/layer_timing.py): other work on the cores takes a rank off its core in
+(a CPU rank, training/measure/layer_timing.py): other work on the cores takes a rank off its core in
 slices as long as a small model's layers, which lengthen the wall time of whichever part was
 running, and the host-speed canary, a few milliseconds long, mostly escapes them; CPU seconds
 leave those slices out and, times the canary's rate, are the work done. The attribution moves

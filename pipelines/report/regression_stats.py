@@ -20,7 +20,7 @@ least disturbed, where a slower workload slows every repeat; on a host loaded th
 has the power.
 
 Relative to the canary: the same test on z_j = x_j - c_j, c_j the run's mean log GEMM rate of
-the canary (training/canary.py: `gemm_log`; the copy's rate is a diagnostic). A host that is
+the canary (training/measure/canary.py: `gemm_log`; the copy's rate is a diagnostic). A host that is
 slower for every workload lowers x and c together; a slower workload lowers x alone.
 """
 

@@ -34,7 +34,7 @@ def config_label(model: str, algorithm: str, workers: int, batch_size: int) -> s
 
 def collect_runs(trained: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Finished training runs with their summary and curves."""
-    from training.timeline import read_jsonl
+    from training.measure.timeline import read_jsonl
 
     runs = []
     for e in trained:

@@ -79,7 +79,7 @@ def launch_job(ctx: RunContext, cfg: Any, out: Path) -> dict[str, Any]:
 
 def _metric_rows(metrics_path: Path, t0_ms: int) -> list[dict[str, Any]]:
     """Per-step curves from metrics.jsonl, stamped at the time each step happened."""
-    from training.timeline import read_jsonl
+    from training.measure.timeline import read_jsonl
 
     rows = []
     for r in read_jsonl(metrics_path) if metrics_path.exists() else []:

@@ -39,7 +39,7 @@ class Timeline:
         # alarm (training/inject.py).
         self.slowdowns: dict[str, Callable[[], None]] = {}
         # Phases whose CPU seconds of the calling thread a record also carries (`cpu_s`): set where
-        # that thread does all of the phase's work (training/layer_timing.py says when).
+        # that thread does all of the phase's work (training/measure/layer_timing.py says when).
         self.cpu_phases: tuple[str, ...] = ()
 
     @property

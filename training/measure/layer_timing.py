@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.device_timer import timer_for
+from training.measure.device_timer import timer_for
 
 INSITU_FILE = "layers_insitu.json"
 EVERY_ENV = "DDLBENCH_LAYER_TIMING_EVERY"
@@ -55,7 +55,7 @@ def sampling_every() -> int:
 
 def sampled(step: int, every: int, warmup: int) -> bool:
     """Whether iteration `step` is sampled: every `every`-th from `warmup` on (`every` 0: none).
-    The memory meter (training/memory.py) samples the same iterations."""
+    The memory meter (training/measure/memory.py) samples the same iterations."""
     return bool(every) and step >= warmup and (step - warmup) % every == 0
 
 
@@ -64,7 +64,7 @@ class LayerTimer:
 
     def __init__(self, net: nn.Module, device: torch.device, every: int, warmup: int) -> None:
         self.every, self.warmup = every, warmup
-        self.timer = timer_for(device)  # CUDA events on a GPU (training/device_timer.py)
+        self.timer = timer_for(device)  # CUDA events on a GPU (training/measure/device_timer.py)
         self.cuda = self.timer.cuda
         self.names = {m: n for n, m in net.named_modules()}
         self.owners = [m for m in net.modules() if any(True for _ in m.parameters(recurse=False))]

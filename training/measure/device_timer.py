@@ -5,7 +5,7 @@ not the work; synchronising before every read would time the work but stall the 
 every stamp. An event recorded on the current stream is stamped when the stream reaches it,
 so an iteration records its events, synchronises once at its end (`settle`), and only then
 reads them (`elapsed`). The layer profiler (modelling/measure/profiler.py) and the in-situ sampling
-(training/layer_timing.py) time layers through it.
+(training/measure/layer_timing.py) time layers through it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ objects that hold them:
   copy, a shard's aggregation buffers), each storage once (by `untyped_storage().data_ptr()`),
   in the first category that names it;
 - the activations autograd saves for backward, seen by `torch.autograd.graph.saved_tensors_hooks`
-  in the forward of the iterations the layer timer samples (training/layer_timing.py), each
+  in the forward of the iterations the layer timer samples (training/measure/layer_timing.py), each
   storage once and none of the state's.
 A rank's peak is its state plus its largest saved activations: the moment its forward (and the
 loss) has ended and its backward not yet freed anything. The process's peak RSS stands beside it.
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from training.layer_timing import sampled
+from training.measure.layer_timing import sampled
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
 _STATE = ("parameters", "gradients", "optimizer", "buffers")

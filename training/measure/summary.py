@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from training.config import TrainConfig
-from training.timeline import WORKER_PHASES
+from training.measure.timeline import WORKER_PHASES
 
 
 def _by_worker(records: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
@@ -183,7 +183,7 @@ def language_model_figures(cfg: TrainConfig, lead: dict[str, Any], samples_per_s
     MFU = flops_per_token * tokens/s / (peak * workers): the model's training FLOPs per token
     (training/gpt_shape.py: 6 N + 12 n_layer d_model seq_len) at the measured token rate, over
     the peak of one worker's device (`peak_flops`, else a GEMM benchmark at the workers'
-    threads, training/peak.py) times the workers."""
+    threads, training/measure/peak.py) times the workers."""
     lm = lead["language_model"]
     if lm is None:
         return {"throughput_tokens_per_s": None, "mfu": None, "peak_flops": None, "final_perplexity": None,
@@ -192,10 +192,10 @@ def language_model_figures(cfg: TrainConfig, lead: dict[str, Any], samples_per_s
     if cfg.peak_flops:
         peak: dict[str, Any] = {"flops_per_s": cfg.peak_flops, "source": "option"}
     else:
-        from training.peak import measure_peak_flops
+        from training.measure.peak import measure_peak_flops
 
         peak = measure_peak_flops(cfg.device.value, threads=cfg.threads)
-    from training.peak import mfu
+    from training.measure.peak import mfu
 
     return {
         "throughput_tokens_per_s": tokens_per_s,
