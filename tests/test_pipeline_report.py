@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
 from pipelines.report import best_per_config, comparison, figures
 from pipelines.report.console import (
     comparison_table,
+    comparison_tables,
     fmt,
     fmt_scaling,
     fmt_spread,
@@ -222,8 +223,8 @@ def test_a_language_models_figures_reach_the_terminal(repeats: list[tuple[float,
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 100
     [line] = [ln for ln in text.splitlines() if ln.split()[:1] == [row["config"]]]
-    assert line.split()[1:3] == [fmt(statistics.median(t for t, *_ in repeats), 5),
-                                 fmt(statistics.median(m for _, m, *_ in repeats), 3)]
+    assert line.split()[1].removesuffix("*") == fmt(statistics.median(t for t, *_ in repeats), 5)  # alone: the most
+    assert line.split()[2] == fmt(100 * statistics.median(m for _, m, *_ in repeats), 3)  # MFU in %
     assert line.split()[3] == fmt(statistics.median(loss for *_, loss, _ in repeats))
     assert language_model_table(comparison([_run("ssgd-allreduce", 2, 100.0, 0)])) is None
 
@@ -285,3 +286,49 @@ def test_report_of_a_multi_repeat_run_shows_spreads(tmp_path: Path) -> None:
         "m-ssgd-allreduce-w1-b32",
     )
     assert od["time_to_accuracy_median_s"] is None and od["target_reached_repeats"] == 0
+
+
+_MODELS = st.sampled_from(["lenet5", "resnet20", "mnasnet0_5-imagefolder-3x224x224", "gpt-mini-L3-d192-h3-T96-markov",
+                           "gpt-tiny-L2-d40-h2-T24-stdlib-text", "mlp-w512x512x256-digits"])
+_ALGOS = st.sampled_from(["ssgd-allreduce", "ssgd-ps", "asgd-ps", "odsgd-ps", "odsgd-ps-v4", "ssgd-allreduce-v2"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(lm=st.booleans(), model=_MODELS, configs=st.lists(st.tuples(_ALGOS, st.sampled_from([1, 2, 4, 16])),
+                                                         min_size=1, max_size=6, unique=True),
+       repeats=st.integers(1, 3), thr=st.floats(1.0, 9e4), reached=st.sampled_from([0, 1, 2]))
+def test_a_comparison_reads_whole_in_an_80_column_log(lm: bool, model: str, configs: list[tuple[str, int]],
+                                                      repeats: int, thr: float, reached: int) -> None:
+    """Written to a log (no terminal) of 80 columns, the comparison of an image or a language
+    model's spec cuts no header and no figure: the long configuration names fold instead. Each
+    kind of workload has its own table, with its own figures."""
+    import io
+
+    runs = []
+    for k, (algo, workers) in enumerate(configs):
+        for i in range(repeats):
+            run = _run(algo, workers, thr * (1 + 0.07 * i + 0.013 * k), i, model=model,
+                       tta=12.5 + i if i < reached else None, acc=0.9 - 0.01 * i)
+            if lm:
+                run["summary"] |= {"throughput_tokens_per_s": 96 * run["summary"]["throughput_samples_per_s"],
+                                   "mfu": 0.0123 * (1 + 0.1 * i), "final_test_loss": 2.7 + 0.01 * i,
+                                   "target_loss": 2.7, "time_to_loss_s": 40.12 + i if i < reached else None}
+            runs.append(run)
+    table = comparison(runs)
+    tables = comparison_tables(table, best_per_config(table), title="nightly")
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    assert not console.is_terminal
+    for t in tables:
+        console.print(t)
+    text = out.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    headers = [c.header for t in tables for c in t.columns]
+    assert ("tokens/s" in headers) == lm and ("samples/s" in headers) != lm and "accuracy" not in headers[:0]
+    if lm:
+        assert "accuracy" not in headers  # token accuracy is no figure of a language model
+    for t in tables:
+        for column in t.columns[1:]:  # every figure and every word of the other cells, whole
+            for cell in column._cells:
+                for word in str(cell).split():
+                    assert word in text, (column.header, word, text)

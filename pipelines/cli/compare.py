@@ -89,7 +89,7 @@ def _compare(
     from rich.text import Text
 
     from pipelines.context import default_home, default_tracking_uri
-    from pipelines.report.console import comparison_table, language_model_table
+    from pipelines.report.console import comparison_tables
 
     uri = tracking_uri or default_tracking_uri((home or default_home()).resolve())
     client = MlflowClient(tracking_uri=uri)
@@ -107,9 +107,8 @@ def _compare(
             f"regression: {run['regression']}"
         )
         if run["table"]:
-            console.print(comparison_table(run["table"], run["best"], title=title))
-            if (lm := language_model_table(run["table"])) is not None:
-                console.print(lm)
+            for table in comparison_tables(run["table"], run["best"], title=title):
+                console.print(table)
         else:
             console.print(Text(f"{title}\n  no finished training runs in MLflow\n"))
 

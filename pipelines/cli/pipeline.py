@@ -201,10 +201,11 @@ def _print_run_summary(
         console.print(validation_table(validation))
     report_json = Path(result["report_md"]).with_name("report.json") if result.get("report_md") else None
     if report_json is not None and report_json.exists():
-        from pipelines.report.console import comparison_table
+        from pipelines.report.console import comparison_tables
 
         doc = json.loads(report_json.read_text())
-        console.print(comparison_table(doc["comparison"], doc["best"], title="Algorithms compared"))
+        for table in comparison_tables(doc["comparison"], doc["best"], title="Algorithms compared"):
+            console.print(table)
     if result:
         console.print(
             f"regression check: {result['status']}"

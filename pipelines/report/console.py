@@ -25,7 +25,8 @@ def fmt(v: Any, digits: int = 4) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.{digits}g}"
+        # As many digits as the value's whole part has, past `digits` (no exponent: 123456, not 1.235e+05).
+        return f"{v:.0f}" if abs(v) >= 10**digits else f"{v:.{digits}g}"
     return str(v)
 
 
@@ -63,7 +64,9 @@ def fmt_time_to_target(row: dict[str, Any], sep: str = " ", with_steps: bool = T
     if row.get("target_accuracy") is None and med is None:
         return "-"
     if med is None:
-        steps = f" in {fmt(row.get('steps_median'))} steps" if row.get("steps_median") is not None else ""
+        # In a table (a newline `sep`) each line stays short, so the figures keep their width.
+        gap = sep if sep == "\n" else " "
+        steps = f"{gap}in {fmt(row.get('steps_median'))} steps" if row.get("steps_median") is not None else ""
         reached = row.get("target_reached_repeats") or 0
         return f"not reached{steps}" + (f"{sep}({reached} of {row['repeats']} repeats did)" if reached else "")
     lo, hi = row.get("time_to_accuracy_min_s"), row.get("time_to_accuracy_max_s")
@@ -85,61 +88,104 @@ def marks(row: dict[str, Any], best: dict[str, dict[str, Any]]) -> tuple[str, st
     )
 
 
-def comparison_table(table: list[dict[str, Any]], best: dict[str, dict[str, Any]], title: str | None = None) -> Table:
-    """The algorithms side by side, for a terminal of 100 columns: whole config names, units,
-    the fastest and the first to the target marked."""
+def _figures_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, Any]], title: str | None,
+                   caption: str) -> Table:
+    """A table of `rows`: a config column that folds, then `columns` of (header, kind, cell). A
+    `figure` column is as wide as its widest line and never wraps; a `words` column wraps at spaces,
+    never inside a word; a `same` column (the repeats, the target) goes to the caption where every
+    row has one value. A column that holds nothing for any row is left out. Whatever the width (a
+    terminal, a log of 80 columns), the long configuration names fold and no figure or header is cut."""
+    cells = [[cell(r) for _, _, cell in columns] for r in rows]
+    nothing = ("-", "", NO_BASELINE.replace(" baseline", "\nbaseline"))
+    keep = [i for i in range(len(columns)) if any(c[i] not in nothing for c in cells)]
+    said = []
+    for i in [i for i in keep if columns[i][1] == "same" and len({c[i] for c in cells}) == 1]:
+        keep.remove(i)
+        said.append(f"{columns[i][0]}: {cells[0][i]}")
     # Text, not markup: "[min, max]" would read as a rich style tag
-    t = Table(
-        title=Text(title) if title else None,
-        caption=Text(LEGEND),
-        caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    width = max([len(r["config"]) for r in table] + [6])
-    t.add_column("config", no_wrap=True, min_width=width)
-    t.add_column("n", justify="right")
-    t.add_column("throughput samples/s", justify="right")
-    t.add_column("scaling eff.", justify="right")
-    t.add_column("final accuracy", justify="right")
-    t.add_column("time to target", justify="right")
-    for row in table:
-        fastest, first = marks(row, best)
-        cells = (
-            row["config"],
-            str(row["repeats"]),
-            fmt_spread(row["throughput_median"], row["throughput_min"], row["throughput_max"], 4, "", "\n", fastest),
-            fmt_scaling(row),
-            fmt_spread(
-                row["final_accuracy_median"], row.get("final_accuracy_min"), row.get("final_accuracy_max"), 3, sep="\n"
-            ),
-            fmt_time_to_target(row, sep="\n", with_steps=False, mark=first),
-        )
-        t.add_row(*(Text(c) for c in cells))
+    t = Table(title=Text(title) if title else None, caption=Text("; ".join([*said, caption])),
+              caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    t.add_column("config", overflow="fold", min_width=8)
+    for i in keep:
+        header, kind, _ = columns[i]
+        lines = [ln for c in cells for ln in c[i].split("\n")]
+        if kind != "figure":  # a word, and the header's, never folds
+            widest = max(len(w) for text in [*lines, header] for w in text.split() or [""])
+        else:
+            widest = max(len(text) for text in [*lines, header])
+        t.add_column(header, justify="right", no_wrap=kind == "figure", overflow="fold", min_width=widest)
+    for r, c in zip(rows, cells, strict=True):
+        t.add_row(Text(r["config"]), *(Text(c[i]) for i in keep))
     return t
 
 
-def language_model_table(table: list[dict[str, Any]]) -> Table | None:
-    """The language models' figures (tokens/s, MFU, evaluation loss and the time to its target),
-    which their token accuracy in the comparison does not tell; None without a language model."""
+def comparison_table(table: list[dict[str, Any]], best: dict[str, dict[str, Any]],
+                     title: str | None = None) -> Table | None:
+    """The image models side by side (a language model's rows are `language_model_table`'s):
+    samples/s, scaling, accuracy and the time to the target accuracy, the fastest and the first
+    to the target marked; None without an image model."""
+    rows = [r for r in table if r.get("tokens_per_s_median") is None]
+    if not rows:
+        return None
+    columns = [
+        ("repeats", "same", lambda r: str(r["repeats"])),
+        ("samples/s", "figure", lambda r: fmt_spread(r["throughput_median"], r["throughput_min"], r["throughput_max"],
+                                                 4, "", "\n", marks(r, best)[0])),
+        ("scaling eff.", "words", lambda r: fmt_scaling(r).replace(" baseline", "\nbaseline")),
+        ("accuracy", "figure", lambda r: fmt_spread(r["final_accuracy_median"], r.get("final_accuracy_min"),
+                                                r.get("final_accuracy_max"), 3, sep="\n")),
+        ("to target", "words", lambda r: fmt_time_to_target(r, sep="\n", with_steps=False, mark=marks(r, best)[1])),
+    ]
+    return _figures_table(rows, columns, title, LEGEND)
+
+
+def language_model_table(table: list[dict[str, Any]], title: str | None = None) -> Table | None:
+    """The language models' figures (tokens/s, MFU, evaluation loss and the time to its target
+    loss), which token accuracy does not tell; None without a language model."""
     rows = [r for r in table if r.get("tokens_per_s_median") is not None]
     if not rows:
         return None
-    t = Table(title=Text("language models"), box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("config", no_wrap=True, min_width=max(len(r["config"]) for r in rows))
-    for name in ("tokens/s", "MFU", "final test loss", "target loss", "time to target loss s"):
-        t.add_column(name, justify="right")
+    mark = _loss_marks(rows)
+    columns = [
+        ("tokens/s", "figure", lambda r: fmt_spread(r["tokens_per_s_median"], r["tokens_per_s_min"],
+                                                r["tokens_per_s_max"], 5, "", "\n", mark[r["config"]][0])),
+        ("MFU %", "figure", lambda r: fmt_spread(*(_pct(r[f"mfu_{k}"]) for k in ("median", "min", "max")), 3, "",
+                                                 "\n")),
+        ("test loss", "figure", lambda r: fmt(r["final_test_loss_median"])),
+        ("target test loss", "same", lambda r: fmt(r["target_loss"])),
+        ("to target s", "figure", lambda r: fmt_spread(r["time_to_loss_median_s"], r["time_to_loss_min_s"],
+                                                   r["time_to_loss_max_s"], 4, "", "\n", mark[r["config"]][1])),
+        ("repeats", "same", lambda r: str(r["repeats"])),
+        ("scaling eff.", "words", lambda r: fmt_scaling(r).replace(" baseline", "\nbaseline")),
+    ]
+    return _figures_table(rows, columns, f"{title}: language models" if title else "language models",
+                          f"median [min, max] over the repeats; {FASTEST} most tokens/s, {FIRST} first to the "
+                          "target test loss among the algorithms of one model, workers and batch")
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
+def _loss_marks(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Per language-model config: the most tokens/s and the first to the target loss among the
+    algorithms of its model, workers and batch."""
+    groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        cells = (
-            r["config"],
-            fmt_spread(r["tokens_per_s_median"], r["tokens_per_s_min"], r["tokens_per_s_max"], 5, "", "\n"),
-            fmt_spread(r["mfu_median"], r["mfu_min"], r["mfu_max"], 3, "", "\n"),
-            fmt(r["final_test_loss_median"]),
-            fmt(r["target_loss"]),
-            fmt_spread(r["time_to_loss_median_s"], r["time_to_loss_min_s"], r["time_to_loss_max_s"], 4, "", "\n"),
-        )
-        t.add_row(*(Text(c) for c in cells))
-    return t
+        groups.setdefault(f"{r['model']}-w{r['workers']}-b{r['batch_size']}", []).append(r)
+    out = {}
+    for group in groups.values():
+        fastest = max(group, key=lambda r: r["tokens_per_s_median"] or 0.0)
+        reached = [r for r in group if r.get("time_to_loss_median_s") is not None]
+        first = min(reached, key=lambda r: r["time_to_loss_median_s"]) if reached else None
+        out |= {r["config"]: (FASTEST if r is fastest else "", FIRST if r is first else "") for r in group}
+    return out
+
+
+def comparison_tables(table: list[dict[str, Any]], best: dict[str, dict[str, Any]],
+                      title: str | None = None) -> list[Table]:
+    """The comparison by kind of workload: the image models' table and the language models'."""
+    return [t for t in (comparison_table(table, best, title), language_model_table(table, title)) if t is not None]
 
 
 def print_summary(summary: dict[str, Any], out: Path | None = None) -> None:
