@@ -45,7 +45,7 @@ def _tests(tree: ast.AST) -> list[ast.AST]:
     return out
 
 
-@pytest.mark.parametrize("module", sorted(p.name for p in MODELLING.glob("*.py")))
+@pytest.mark.parametrize("module", sorted(str(p.relative_to(MODELLING)) for p in MODELLING.rglob("*.py")))
 def test_no_module_of_the_model_is_over_400_lines(module: str) -> None:
     assert len((MODELLING / module).read_text().splitlines()) <= 400
 
@@ -69,8 +69,8 @@ def test_a_dag_builder_reads_no_transfer_cost_but_the_fabrics(module: str) -> No
 
 def test_only_the_fabric_reads_the_wire() -> None:
     readers = sorted(
-        p.name
-        for p in MODELLING.glob("*.py")
+        str(p.relative_to(MODELLING))
+        for p in MODELLING.rglob("*.py")
         if any(isinstance(n, ast.Attribute) and n.attr == "wire" for n in ast.walk(ast.parse(p.read_text())))
     )
     assert readers == ["fabric.py"]
