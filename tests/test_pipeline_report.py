@@ -332,3 +332,71 @@ def test_a_comparison_reads_whole_in_an_80_column_log(lm: bool, model: str, conf
             for cell in column._cells:
                 for word in str(cell).split():
                     assert word in text, (column.header, word, text)
+
+
+@given(a=st.lists(st.floats(10.0, 1e4), min_size=1, max_size=3), b=st.lists(st.floats(10.0, 1e4), min_size=1, max_size=3),
+       only=st.sampled_from([None, "A", "B"]))
+def test_hardware_against_hardware_divides_medians_within_the_repeats_extremes(a: list[float], b: list[float],
+                                                                               only: str | None) -> None:
+    from pipelines.cli.compare import hardware_ratios
+
+    table_a = comparison([_run("ssgd-allreduce", 2, t, i) for i, t in enumerate(a)]
+                         + ([_run("asgd-ps", 2, 50.0, 0)] if only == "A" else []))
+    table_b = comparison([_run("ssgd-allreduce", 2, t, i) for i, t in enumerate(b)]
+                         + ([_run("asgd-ps", 2, 50.0, 0)] if only == "B" else []))
+    rows = {r["config"]: r for r in hardware_ratios(table_a, table_b)}
+    both = rows["m-ssgd-allreduce-w2-b32"]
+    assert both["only"] is None
+    assert both["ratio"] == pytest.approx(statistics.median(b) / statistics.median(a))
+    assert both["ratio_low"] == pytest.approx(min(b) / max(a)) and both["ratio_high"] == pytest.approx(max(b) / min(a))
+    assert both["ratio_low"] <= both["ratio"] * (1 + 1e-12) and both["ratio"] <= both["ratio_high"] * (1 + 1e-12)
+    if only:
+        assert rows["m-asgd-ps-w2-b32"]["only"] == only and rows["m-asgd-ps-w2-b32"]["ratio"] is None
+    else:
+        assert len(rows) == 1
+
+
+@pytest.mark.slow  # an MLflow store
+def test_compare_puts_two_hardware_labels_side_by_side(tmp_path: Path) -> None:
+    """Two hardware labels' pipeline runs in one MLflow store, laid out as the pipeline logs them
+    (a parent run per pipeline run, a finished training child per repeat): `compare --hardware A
+    --hardware B` prints each configuration's two medians and the ratio, and names the one only
+    one label ran."""
+    from click.testing import CliRunner
+    from mlflow import MlflowClient
+
+    from pipelines.cli import cli
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("ddlbench-nightly")
+    figures = {"cpu-a": {("ssgd", "allreduce"): [100.0, 110.0, 90.0], ("asgd", "ps"): [80.0]},
+               "cpu-b": {("ssgd", "allreduce"): [200.0, 190.0, 210.0]}}
+    for label, configs in figures.items():
+        key = f"nightly-{label}"
+        parent = client.create_run(exp, tags={"ddlbench.node": "pipeline", "ddlbench.hardware": label,
+                                              "ddlbench.run_key": key})
+        for (algo, comm), thr in configs.items():
+            for i, t in enumerate(thr):
+                child = client.create_run(exp, tags={
+                    "ddlbench.run_key": key, "ddlbench.step": "train", "ddlbench.algorithm": algo,
+                    "ddlbench.comm": comm, "ddlbench.workers": "2", "ddlbench.batch_size": "32",
+                    "ddlbench.model": "lenet5", "ddlbench.config": f"lenet5-{algo}-{comm}-w2-b32",
+                    "mlflow.parentRunId": parent.info.run_id})
+                client.log_metric(child.info.run_id, "throughput_samples_per_s", t)
+                client.log_metric(child.info.run_id, "iter_time_p50_s", 64 / t)
+                client.set_terminated(child.info.run_id)
+        client.set_terminated(parent.info.run_id)
+    runner = CliRunner(env={"COLUMNS": "80"})
+    out = runner.invoke(cli, ["compare", "--hardware", "cpu-a", "--hardware", "cpu-b", "--tracking-uri", uri])
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    [line] = [ln for ln in text.splitlines() if ln.startswith("lenet5-ssgd-allreduce")]
+    assert line.split()[1:4] == ["100", "200", "2"], text  # the medians and their ratio
+    assert "[1.73, 2.33]" in text, text  # 190/110 and 210/90: the repeats' extremes
+    [only] = [ln for ln in text.splitlines() if ln.startswith("lenet5-asgd-ps")]
+    assert "only cpu-a" in only, text
+    three = runner.invoke(cli, ["compare", "--hardware", "a", "--hardware", "b", "--hardware", "c",
+                                "--tracking-uri", uri])
+    assert three.exit_code == 2 and "at most two labels" in three.output

@@ -81,8 +81,59 @@ def compare_runs(
     return found
 
 
+def hardware_ratios(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration of two hardware labels' comparison tables: each one's median samples/s
+    over its repeats with their range, and B's over A's. The ratio's interval runs from the
+    repeats' least favourable pairing to their most (B's slowest over A's fastest, B's fastest
+    over A's slowest): with a few repeats a side, the extremes are what they measured. A
+    configuration only one label ran is listed with `only` naming it."""
+    by_a, by_b = {r["config"]: r for r in a}, {r["config"]: r for r in b}
+    rows = []
+    for config in sorted(by_a.keys() | by_b.keys()):
+        ra, rb = by_a.get(config), by_b.get(config)
+        row: dict[str, Any] = {"config": config}
+        for side, r in (("a", ra), ("b", rb)):
+            row |= {f"{side}_median": r and r["throughput_median"], f"{side}_min": r and r["throughput_min"],
+                    f"{side}_max": r and r["throughput_max"], f"{side}_repeats": r and r["repeats"]}
+        row["only"] = None if ra and rb else ("A" if ra else "B")
+        if ra and rb and ra["throughput_median"] and rb["throughput_median"]:
+            row |= {"ratio": rb["throughput_median"] / ra["throughput_median"],
+                    "ratio_low": rb["throughput_min"] / ra["throughput_max"],
+                    "ratio_high": rb["throughput_max"] / ra["throughput_min"]}
+        else:
+            row |= {"ratio": None, "ratio_low": None, "ratio_high": None}
+        rows.append(row)
+    return rows
+
+
+def _hardware_table(rows: list[dict[str, Any]], label_a: str, label_b: str) -> Any:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from pipelines.report.console import fmt_spread
+
+    t = Table(title=Text(f"{label_b} against {label_a}: samples/s"), box=box.SIMPLE_HEAD, pad_edge=False,
+              show_edge=False, collapse_padding=True, caption_justify="left",
+              caption=Text("median [min, max] over the repeats; the ratio's interval pairs the repeats' extremes"))
+    t.add_column("config", overflow="fold", min_width=8)
+    cells = []
+    for r in rows:
+        ratio = (fmt_spread(r["ratio"], r["ratio_low"], r["ratio_high"], 3, "", "\n") if r["ratio"] is not None
+                 else f"only {label_a if r['only'] == 'A' else label_b}\nran it")
+        cells.append([fmt_spread(r["a_median"], r["a_min"], r["a_max"], 4, "", "\n"),
+                      fmt_spread(r["b_median"], r["b_min"], r["b_max"], 4, "", "\n"), ratio])
+    for i, header in enumerate((label_a, label_b, f"{label_b} / {label_a}")):
+        widest = max(len(line) for text in [header, *(c[i] for c in cells)] for line in text.split("\n"))
+        t.add_column(header, justify="right", no_wrap=True, min_width=widest)
+    for r, c in zip(rows, cells, strict=True):
+        t.add_row(Text(r["config"]), *(Text(x) for x in c))
+    return t
+
+
 def _compare(
-    suite: str, hardware: str | None, since: str | None, until: str | None, home: Path | None, tracking_uri: str | None
+    suite: str, hardware: tuple[str, ...], since: str | None, until: str | None, home: Path | None,
+    tracking_uri: str | None
 ) -> None:
     from mlflow import MlflowClient
     from rich.console import Console
@@ -96,8 +147,22 @@ def _compare(
     exp = client.get_experiment_by_name(f"ddlbench-{suite}")
     if exp is None:
         raise click.UsageError(f"--suite: no experiment ddlbench-{suite} in {uri}")
-    found = compare_runs(client, exp.experiment_id, hardware, _day(since), _day(until))
+    if len(hardware) > 2:
+        raise click.UsageError("--hardware: at most two labels (one hardware against another)")
     console = Console()
+    if len(hardware) == 2:
+        latest = []
+        for label in hardware:
+            ran = [r for r in compare_runs(client, exp.experiment_id, label, _day(since), _day(until)) if r["table"]]
+            if not ran:
+                raise click.UsageError(f"--hardware: no finished training runs of {label!r} in ddlbench-{suite}")
+            latest.append(ran[0])  # its newest pipeline run
+        a, b = latest
+        console.print(Text(f"{hardware[0]}: {a['run_key']} ({a['date']:%Y-%m-%d %H:%M}); "
+                           f"{hardware[1]}: {b['run_key']} ({b['date']:%Y-%m-%d %H:%M})"))
+        console.print(_hardware_table(hardware_ratios(a["table"], b["table"]), *hardware))
+        return
+    found = compare_runs(client, exp.experiment_id, hardware[0] if hardware else None, _day(since), _day(until))
     if not found:
         console.print("no runs found")
         return
@@ -120,7 +185,9 @@ compare = click.Command(
     "the report's comparison (medians over repeats, scaling efficiency, accuracy, the fastest).",
     params=[
         click.Option(["--suite"], type=click.Choice(["nightly", "onboarding", "adhoc"]), default="nightly"),
-        click.Option(["--hardware"], default=None, help="Only this hardware label."),
+        click.Option(["--hardware"], multiple=True, help="Only this hardware label; given twice, the "
+                     "newest run of each side by side, per configuration, with the second's samples/s over "
+                     "the first's."),
         click.Option(["--since"], default=None, help="From this date (UTC, e.g. 2026-11-01)."),
         click.Option(["--until"], default=None, help="Before this date (UTC)."),
         click.Option(["--home"], type=click.Path(path_type=Path), default=None),
