@@ -334,8 +334,8 @@ def test_a_comparison_reads_whole_in_an_80_column_log(lm: bool, model: str, conf
                     assert word in text, (column.header, word, text)
 
 
-@given(a=st.lists(st.floats(10.0, 1e4), min_size=1, max_size=3), b=st.lists(st.floats(10.0, 1e4), min_size=1, max_size=3),
-       only=st.sampled_from([None, "A", "B"]))
+@given(a=st.lists(st.floats(10.0, 1e4), min_size=1, max_size=3),
+       b=st.lists(st.floats(10.0, 1e4), min_size=1, max_size=3), only=st.sampled_from([None, "A", "B"]))
 def test_hardware_against_hardware_divides_medians_within_the_repeats_extremes(a: list[float], b: list[float],
                                                                                only: str | None) -> None:
     from pipelines.cli.compare import hardware_ratios
@@ -377,7 +377,7 @@ def test_compare_puts_two_hardware_labels_side_by_side(tmp_path: Path) -> None:
         parent = client.create_run(exp, tags={"ddlbench.node": "pipeline", "ddlbench.hardware": label,
                                               "ddlbench.run_key": key})
         for (algo, comm), thr in configs.items():
-            for i, t in enumerate(thr):
+            for t in thr:
                 child = client.create_run(exp, tags={
                     "ddlbench.run_key": key, "ddlbench.step": "train", "ddlbench.algorithm": algo,
                     "ddlbench.comm": comm, "ddlbench.workers": "2", "ddlbench.batch_size": "32",
