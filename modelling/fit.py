@@ -253,13 +253,17 @@ def load_comm(path: Path) -> dict[str, Any]:
 
 
 def load_comm_model(path: Path) -> dict[str, Any]:
-    data = read_json(path, "comm model file", CommModelError)
-    if data.get("kind") != MODEL_KIND or not isinstance(data.get("fits"), list):
-        raise CommModelError(
-            f"{path}: not a ddlbench comm model (kind {data.get('kind')!r}); write one with `ddlbench fit`"
-        )
+    return check_comm_model(read_json(path, "comm model file", CommModelError), str(path))
+
+
+def check_comm_model(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """`data` if it is a fitted comm model (model.json, or a hardware profile's `comm_model`);
+    CommModelError naming `source` otherwise."""
+    if not isinstance(data, dict) or data.get("kind") != MODEL_KIND or not isinstance(data.get("fits"), list):
+        kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
+        raise CommModelError(f"{source}: not a ddlbench comm model (kind {kind!r}); write one with `ddlbench fit`")
     for i, f in enumerate(data["fits"]):
         missing = {"primitive", "workers", "alpha_s", "beta_s_per_byte", "intercept_s", "slope_s_per_byte"} - set(f)
         if missing:
-            raise CommModelError(f"{path}: fits[{i}] lacks {', '.join(sorted(missing))}")
+            raise CommModelError(f"{source}: fits[{i}] lacks {', '.join(sorted(missing))}")
     return data

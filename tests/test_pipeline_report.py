@@ -400,3 +400,43 @@ def test_compare_puts_two_hardware_labels_side_by_side(tmp_path: Path) -> None:
     three = runner.invoke(cli, ["compare", "--hardware", "a", "--hardware", "b", "--hardware", "c",
                                 "--tracking-uri", uri])
     assert three.exit_code == 2 and "at most two labels" in three.output
+
+
+@pytest.mark.slow  # an MLflow store
+def test_predict_from_a_hardware_label_is_predict_from_its_profiles_files(tmp_path: Path) -> None:
+    """`ddlbench predict --hardware LABEL` reads the newest hardware profile MLflow holds for the
+    label, as the onboarding run records it, and predicts what the same layer table and comm
+    model given as files predict."""
+    from click.testing import CliRunner
+    from mlflow import MlflowClient
+
+    from modelling.fit import fit_comm, load_comm
+    from modelling.measure.layers import load_layers
+    from pipelines.cli import cli
+
+    grid = REPO / "tests" / "fixtures" / "grids" / "onehost"
+    layers, model = load_layers(grid / "layers.json"), fit_comm(load_comm(grid / "comm.json"))
+    (tmp_path / "layers.json").write_text(json.dumps(layers))
+    (tmp_path / "model.json").write_text(json.dumps(model))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("ddlbench-onboarding")
+    for label, doc in (("old-card", {"comm_model": {"kind": "nothing"}}),  # an older label's: never read
+                       ("new-card", {"comm_model": model, "layers": {"mlp-digits-b32": layers}})):
+        run = client.create_run(exp, tags={"ddlbench.node": "pipeline", "ddlbench.hardware": label,
+                                           "ddlbench.run_key": f"onboarding-{label}",
+                                           "ddlbench.hardware_profile": "hardware_profile/hardware_profile.json"})
+        (tmp_path / "hardware_profile.json").write_text(json.dumps({"hardware": label, **doc}))
+        client.log_artifact(run.info.run_id, str(tmp_path / "hardware_profile.json"), "hardware_profile")
+        client.set_terminated(run.info.run_id)
+    runner = CliRunner()
+    args = ["predict", "--algorithm", "odsgd", "--workers", "2,8,64", "--json"]
+    files = ["--layers", str(tmp_path / "layers.json"), "--comm", str(tmp_path / "model.json")]
+    by_files = runner.invoke(cli, [*args, *files])
+    by_label = runner.invoke(cli, [*args, "--hardware", "new-card", "--tracking-uri", uri])
+    assert by_files.exit_code == 0 and by_label.exit_code == 0, by_files.output + by_label.output
+    assert json.loads(by_label.output) == json.loads(by_files.output)
+    none = runner.invoke(cli, [*args, "--hardware", "no-such-card", "--tracking-uri", uri])
+    assert none.exit_code == 2 and "no hardware profile of 'no-such-card'" in none.output
+    other = runner.invoke(cli, [*args, "--hardware", "new-card", "--workload", "resnet20", "--tracking-uri", uri])
+    assert other.exit_code == 2 and "mlp-digits-b32" in other.output and "none is 'resnet20'" in other.output

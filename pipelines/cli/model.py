@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -55,9 +56,53 @@ def fit(comm_path: Path, link_bandwidth: float | None, out: Path) -> None:
     click.echo(f"wrote {out}")
 
 
+def hardware_profile(label: str, tracking_uri: str) -> dict[str, Any]:
+    """The newest hardware profile MLflow holds for `label` (an onboarding run's artifact: its
+    comm model and layer tables), with the run it came from; UsageError naming --hardware where
+    there is none."""
+    from mlflow import MlflowClient
+
+    from infra.credentials import mask_secrets
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments() if e.name.startswith("ddlbench-")]
+    label_q = label.replace("'", "")  # a label with a quote matches none: MLflow's filter has no escape
+    found = client.search_runs(experiments, f"tags.`ddlbench.hardware` = '{label_q}' AND "
+                               "tags.`ddlbench.hardware_profile` != ''", order_by=["attributes.start_time DESC"],
+                               max_results=1) if experiments else []
+    if not found:
+        raise click.UsageError(f"--hardware: no hardware profile of {label!r} in {mask_secrets(tracking_uri)} "
+                               "(the onboarding DAG records one)")
+    run = found[0]
+    local = client.download_artifacts(run.info.run_id, run.data.tags["ddlbench.hardware_profile"])
+    return json.loads(Path(local).read_text()) | {"run_id": run.info.run_id,
+                                                  "run_key": run.data.tags.get("ddlbench.run_key")}
+
+
+def _from_profile(profile: dict[str, Any], workload: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The layer table and comm model a prediction takes from a hardware profile: the one
+    workload it holds, or the one `workload` names (its key, or its model)."""
+    from modelling.fit import check_comm_model
+    from modelling.measure.layers import check_layers
+
+    source = f"hardware profile {profile.get('hardware')!r} (run {profile.get('run_key')})"
+    tables = profile.get("layers") or {}
+    matching = [k for k in tables if workload in (None, k, tables[k].get("model"))]
+    if len(matching) != 1:
+        raise click.UsageError(f"--workload: {source} holds {', '.join(sorted(tables)) or 'no layer table'}; "
+                               + ("name one" if matching else f"none is {workload!r}"))
+    return (check_layers(tables[matching[0]], f"{source}.layers.{matching[0]}"),
+            check_comm_model(profile.get("comm_model"), f"{source}.comm_model"))
+
+
 @click.command("predict")
-@click.option("--layers", "layers_path", type=PATH, required=True, help="layers.json from `ddlbench profile`.")
-@click.option("--comm", "comm_path", type=PATH, required=True, help="model.json from `ddlbench fit`.")
+@click.option("--layers", "layers_path", type=PATH, default=None, help="layers.json from `ddlbench profile`.")
+@click.option("--comm", "comm_path", type=PATH, default=None, help="model.json from `ddlbench fit`.")
+@click.option("--hardware", default=None,
+              help="Instead of --layers and --comm: the newest hardware profile MLflow holds for this label.")
+@click.option("--workload", default=None, help="With --hardware: which of the profile's workloads (key or model).")
+@click.option("--home", type=PATH, default=None, help="With --hardware: the pipeline home whose MLflow store to read.")
+@click.option("--tracking-uri", default=None, help="With --hardware: the MLflow store (default: the home's).")
 @click.option("--algorithm", type=click.Choice(["ssgd", "asgd", "odsgd"]), required=True)
 @click.option(
     "--comm-mode",
@@ -103,8 +148,12 @@ def fit(comm_path: Path, link_bandwidth: float | None, out: Path) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def predict_cmd(
-    layers_path: Path,
-    comm_path: Path,
+    layers_path: Path | None,
+    comm_path: Path | None,
+    hardware: str | None,
+    workload: str | None,
+    home: Path | None,
+    tracking_uri: str | None,
     algorithm: str,
     comm_mode: str | None,
     workers: list[int],
@@ -135,7 +184,18 @@ def predict_cmd(
             overlap=overlap,
             batch_size=batch_size,
         )
-        layers, model = load_layers(layers_path), load_comm_model(comm_path)
+        if hardware is not None:
+            if layers_path or comm_path:
+                raise click.UsageError("--hardware: takes the layers and the comm model from MLflow; "
+                                       "give it without --layers and --comm")
+            from pipelines.context import default_home, default_tracking_uri
+
+            uri = tracking_uri or default_tracking_uri((home or default_home()).resolve())
+            layers, model = _from_profile(hardware_profile(hardware, uri), workload)
+        elif layers_path is None or comm_path is None:
+            raise click.UsageError("--layers and --comm: both needed (or --hardware LABEL)")
+        else:
+            layers, model = load_layers(layers_path), load_comm_model(comm_path)
         results = predict(layers, model, scenario, workers=workers)
     except ValueError as err:
         fail(err)
