@@ -103,8 +103,9 @@ def test_a_stopped_asgd_worker_ends_the_job_though_no_peer_waits_for_it(tmp_path
     """ASGD: the other worker trains on against the shard and no step waits for the stopped
     worker; its beat stops, and the launcher ends the job, naming it. Where the stop fell between
     the worker's push and its pull, the shard's reply waits for it and times out first (gloo's
-    send of the weights needs its receiver): the job then ends on that timeout, the stopped rank
-    still named first and the shard's timeout after it."""
+    send of the weights needs its receiver), and the other worker, whose next push waits on that
+    shard, may time out as well: the job then ends on those timeouts, the stopped rank still named
+    first and the others' timeouts, or their failures in turn, after it."""
     out = tmp_path.resolve()
     timeout = 8
     cfg = prepare({"model": "mlp", "dataset": "synthetic", "algorithm": "asgd", "comm": "ps", "workers": 2,
@@ -130,7 +131,7 @@ def test_a_stopped_asgd_worker_ends_the_job_though_no_peer_waits_for_it(tmp_path
         assert detected < timeout + 15, detected
         first = str(err.value).splitlines()[0]
         named = re.fullmatch(r"rank 1 \(worker\) stopped answering at step (\d+)"
-                             r"(; rank 2 timed out waiting for it; rank 0 failed in turn)?", first)
+                             r"((?:; ranks? [02](?:, [02])? (?:timed out waiting for it|failed in turn))*)", first)
         assert named, first
         assert int(named[1]) >= 20
         assert named[2] or "the launcher ended the job" in str(err.value), str(err.value)
