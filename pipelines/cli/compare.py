@@ -172,7 +172,8 @@ def _compare(
             f"regression: {run['regression']}"
         )
         if run["table"]:
-            for table in comparison_tables(run["table"], run["best"], title=title):
+            console.print(Text(title))  # a line of its own: a table's title would wrap at the table's width
+            for table in comparison_tables(run["table"], run["best"]):
                 console.print(table)
         else:
             console.print(Text(f"{title}\n  no finished training runs in MLflow\n"))
