@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,13 @@ def compare_runs(
 ) -> list[dict[str, Any]]:
     """Pipeline runs found with MLflow search, newest first, each with the report's comparison
     table (medians over repeats, scaling efficiency) and best algorithm per config."""
+    return list(_compared(client, experiment_id, hardware, since_ms, until_ms))
+
+
+def _compared(
+    client: Any, experiment_id: str, hardware: str | None, since_ms: int | None, until_ms: int | None
+) -> Iterator[dict[str, Any]]:
+    """compare_runs one run at a time: each run's training children are searched only when asked for."""
     from pipelines.report import best_per_config, comparison
 
     filters = ["tags.`ddlbench.node` = 'pipeline'"]
@@ -57,7 +65,6 @@ def compare_runs(
     parents = client.search_runs(
         [experiment_id], " AND ".join(filters), order_by=["attributes.start_time DESC"], max_results=200
     )
-    found = []
     for p in parents:
         key = p.data.tags.get("ddlbench.run_key")
         children = client.search_runs(
@@ -67,18 +74,15 @@ def compare_runs(
         )
         runs = [_as_run(c) for c in children if c.data.metrics.get("throughput_samples_per_s")]
         table = comparison(runs)
-        found.append(
-            {
-                "run_key": key,
-                "date": datetime.fromtimestamp(p.info.start_time / 1000, UTC),
-                "hardware": p.data.tags.get("ddlbench.hardware"),
-                "status": p.info.status,
-                "regression": p.data.tags.get("ddlbench.regression", "-"),
-                "table": table,
-                "best": best_per_config(table),
-            }
-        )
-    return found
+        yield {
+            "run_key": key,
+            "date": datetime.fromtimestamp(p.info.start_time / 1000, UTC),
+            "hardware": p.data.tags.get("ddlbench.hardware"),
+            "status": p.info.status,
+            "regression": p.data.tags.get("ddlbench.regression", "-"),
+            "table": table,
+            "best": best_per_config(table),
+        }
 
 
 def hardware_ratios(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -153,10 +157,12 @@ def _compare(
     if len(hardware) == 2:
         latest = []
         for label in hardware:
-            ran = [r for r in compare_runs(client, exp.experiment_id, label, _day(since), _day(until)) if r["table"]]
-            if not ran:
+            # Its newest pipeline run with finished training runs: the older ones are not searched.
+            newest = next((r for r in _compared(client, exp.experiment_id, label, _day(since), _day(until))
+                           if r["table"]), None)
+            if newest is None:
                 raise click.UsageError(f"--hardware: no finished training runs of {label!r} in ddlbench-{suite}")
-            latest.append(ran[0])  # its newest pipeline run
+            latest.append(newest)
         a, b = latest
         console.print(Text(f"{hardware[0]}: {a['run_key']} ({a['date']:%Y-%m-%d %H:%M}); "
                            f"{hardware[1]}: {b['run_key']} ({b['date']:%Y-%m-%d %H:%M})"))
