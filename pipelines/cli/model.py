@@ -66,10 +66,10 @@ def hardware_profile(label: str, tracking_uri: str) -> dict[str, Any]:
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments() if e.name.startswith("ddlbench-")]
-    label_q = label.replace("'", "")  # a label with a quote matches none: MLflow's filter has no escape
-    found = client.search_runs(experiments, f"tags.`ddlbench.hardware` = '{label_q}' AND "
+    # MLflow's filter string has no escape for a quote: a label holding one is searched for never.
+    found = client.search_runs(experiments, f"tags.`ddlbench.hardware` = '{label}' AND "
                                "tags.`ddlbench.hardware_profile` != ''", order_by=["attributes.start_time DESC"],
-                               max_results=1) if experiments else []
+                               max_results=1) if experiments and "'" not in label else []
     if not found:
         raise click.UsageError(f"--hardware: no hardware profile of {label!r} in {mask_secrets(tracking_uri)} "
                                "(the onboarding DAG records one)")

@@ -62,7 +62,7 @@ MIN_RUNS = 3
 Predictor = Callable[[dict[str, float]], float]
 ALL = "all"  # every component swapped in at once
 SHARES = "layer shares"  # the test that some layer's share of the compute moved
-CPU = "cpu "  # a repeat's part in the layer's CPU seconds
+CPU = "cpu "  # a repeat's part in its CPU seconds (a layer's phase, the update)
 
 
 def repeat_parts(run_dir: Path) -> dict[str, float] | None:
