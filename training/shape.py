@@ -1,4 +1,5 @@
-"""What a configuration trains on: its input shape and its number of steps. The one answer the
+"""What a configuration trains on: its input shape, its number of steps, and whether its global
+batch can be drawn from the training set. The one answer the
 trainer, the injected slowdowns (training/inject.py) and the launcher's checks before any process
 starts (pipelines/preflight.py, pipelines/launch.py) all read."""
 
