@@ -41,6 +41,17 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [_figures(root / f"h{i}") for i in range(HISTORY)]
 
 
+def _brief(check: dict[str, Any], now: dict[str, Any] | None = None) -> str:
+    """Every tested component on a line (the assertion's message: pytest cuts a long repr in its
+    middle), and tonight's parts where given."""
+    rows = [f"{r['component']} [{r['basis']}] change {r['change']:+.3f} p {r['p_value']:.2e} "
+            f"adj {r['p_adjusted']:.2e} explains {r['explains']:+.3f}" for r in check["tests"]]
+    extra = [f"work {check['work']}, explained {check['explained']:+.3f}, host moved {check['host_moved']}"]
+    if now is not None:
+        extra.append(f"tonight: {now['parts']} canary {now.get('canary_gemm_log')}")
+    return "\n".join(rows + extra)
+
+
 def _layer(history: list[dict[str, Any]]) -> str:
     """A leaf layer chosen at random (seeded) among those of the in-situ table."""
     names = sorted({k.split(" ", 1)[1] for k in history[0]["parts"]["seconds"] if k.startswith("forward ")})
@@ -60,7 +71,7 @@ def test_a_slowed_component_is_flagged_and_named_first(history: list[dict[str, A
     inject = f"layer:{layer}" if where == "layer" else where
     now = _figures(tmp_path / where, inject_delay_ms=SLOWDOWN * iteration_ms, inject_where=inject, inject_busy=True)
     check = rc.check_components(now, history, alpha=0.01, min_effect=0.05)
-    assert check is not None and check["flagged"], check["tests"][:4]
+    assert check is not None and check["flagged"], _brief(check, now)
     if where == "layer":
         # The slowed layer is caught and is the first layer named. Whether the whole compute, which
         # the same delay moves, is named before it is not held here: on a real run it was in 2 of
@@ -68,9 +79,9 @@ def test_a_slowed_component_is_flagged_and_named_first(history: list[dict[str, A
         # change by the model, and the other layers' noise adds to the compute's): open in issue 47.
         shares = [c for c in check["flagged"] if c.endswith(" share")]
         assert shares and shares[0] in {f"forward {layer} share", f"backward {layer} share"}, \
-            (check["flagged"], check["tests"][:4])
+            (check["flagged"], _brief(check))
         return
-    assert check["flagged"][0] == where, (check["flagged"], check["tests"][:4])
+    assert check["flagged"][0] == where, (check["flagged"], _brief(check))
 
 
 def test_a_host_slowed_by_other_work_is_no_workload_regression(history: list[dict[str, Any]],
@@ -86,4 +97,4 @@ def test_a_host_slowed_by_other_work_is_no_workload_regression(history: list[dic
             b.kill()
             b.wait()
     check = rc.check_components(now, history, alpha=0.01, min_effect=0.05)
-    assert check is not None and check["flagged"] == [], check["tests"][:4]
+    assert check is not None and check["flagged"] == [], _brief(check, now)
