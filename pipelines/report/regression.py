@@ -184,13 +184,16 @@ def regression_check(
     injected_ms: float = 0.0,
     figures: dict[str, dict[str, Any]] | None = None,
     predictors: dict[str, rc.Predictor] | None = None,
+    host_load: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The check of this run against its history: status (the `ddlbench.regression` tag:
     regressed, passed, short-history or no-baseline), the findings and every test made.
     `figures`: this run's run-level figures per config (regression_stats.config_figures), kept in
     the check as `runs` for the runs after it; without them a config is known by its repeats.
     Each config's components are tested too (regression_components.py), and where the model can
-    re-predict a config's iteration (`predictors`) it attributes the change to them."""
+    re-predict a config's iteration (`predictors`) it attributes the change to them. Where other
+    work held a crowded host during the runs (`host_load`, tables.host_load) an alarm abstains:
+    the status is `inconclusive` and no check regressed (see `abstain_on_load`)."""
     predictors = predictors or {}
     history = history or []
     figures = figures or {}
@@ -264,7 +267,28 @@ def regression_check(
             }
         )
     out["regressions"] = [c for c in out["checks"] if c["regressed"]]
-    return {**out, "status": "regressed" if out["regressions"] else "passed"}
+    return abstain_on_load({**out, "status": "regressed" if out["regressions"] else "passed"}, host_load)
+
+
+# Other work's share of the host's CPU from which the alarm abstains (docs/regression.md, "A
+# crowded host"): most of the CPU taken, every wake-up of a rank waits for a core.
+CROWDED = 0.5
+
+
+def abstain_on_load(check: dict[str, Any], load: dict[str, Any] | None) -> dict[str, Any]:
+    """The check with its alarms withdrawn where other work used at least CROWDED of the host's
+    CPU during the runs: each rank then waits for a core at every wake-up (from a blocking
+    receive, a loader, a sleep), a cost that grows with how often the workload blocks and that a
+    compute canary, which never blocks, does not pay; the canary-relative test's premise (the
+    canary slows as the workload does) fails and the alarm cannot decide. A check that cannot
+    decide does not alarm: the status says so, with the load."""
+    if not load or load["max"] < CROWDED or not check["regressions"]:
+        return check
+    reason = (f"a crowded host: other work used up to {load['max']:.0%} of its CPU during the runs (the alarm "
+              f"decides below {CROWDED:.0%})")
+    for c in check["regressions"]:
+        c["regressed"], c["abstained"] = False, reason
+    return {**check, "regressions": [], "status": "inconclusive", "abstained": reason}
 
 
 def describe(check: dict[str, Any]) -> str:
@@ -274,6 +298,8 @@ def describe(check: dict[str, Any]) -> str:
         return "no history: no earlier FINISHED run of this spec hash on this hardware (or MLflow unreachable)"
     if check["status"] == "short-history":
         return f"history too short ({k} of {m} runs)"
+    if check["status"] == "inconclusive":
+        return f"no verdict against {k} history runs: {check['abstained']}"
     found, gone = len(check["regressions"]), len(check.get("unconfirmed") or [])
     said = f"{found} regression(s) against {k} history runs" if found else f"no regression against {k} history runs"
     return said + (f" ({gone} alarm(s) not confirmed by a rerun)" if gone else "")

@@ -30,7 +30,7 @@ def _check(ctx: RunContext, t: Tracker, trained: list[dict]) -> dict[str, Any]:
     runs = rep.collect_runs(done)
     history = rep.find_history(t, ctx.as_dict(), spec.regression.history)
     return rep.regression_check(rep.comparison(runs), None, history, spec.regression,
-                                rep.injected_delay_ms(runs), config_figures(done))
+                                rep.injected_delay_ms(runs), config_figures(done), host_load=rep.host_load(runs))
 
 
 def suspects(ctx: RunContext, trained: list[dict]) -> list[dict]:
