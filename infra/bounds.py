@@ -52,6 +52,8 @@ SAMPLE_ELEMENTS = Bound(1 << 28, "values in one input sample (1 GiB of float32)"
 NUM_CLASSES = Bound(1 << 20, "classes of a classifier's output layer")
 THREADS = Bound(256, "torch threads per process")
 BUCKET_MB = Bound(1 << 16, "DDP bucket size in MB")
+DEVICE_MEMORY_BYTES = Bound(1 << 50, "the stated memory of one device or node (1 PiB): a capacity compared, "
+                            "never allocated")
 CHECKPOINTS_KEPT = Bound(100, "complete checkpoints kept on disk")
 SEED = Bound(2**63 - 1, "torch's generator seed")
 

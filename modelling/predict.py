@@ -15,6 +15,7 @@ from modelling.fit import CommModelError
 from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
 from modelling.measure.layers import LayersError, check_layers
 from modelling.measure.records import migrate_layers
+from modelling.memory import MEMORY_FIGURES, does_not_fit, predict_memory
 from modelling.plan import build_plan
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
@@ -345,6 +346,7 @@ def predict(
     *,
     workers: list[int] | None = None,
     strict: bool = True,
+    capacity_bytes: int | None = None,
     **settings: Any,
 ) -> list[dict[str, Any]]:
     """One prediction per world size in `workers` (default: the scenario's), in order.
@@ -354,7 +356,8 @@ def predict(
     `predict(layers, comm_model, Scenario(...), workers=[...])`; the keyword settings
     of a Scenario (algorithm=, comm_mode= for comm, servers=, bucket_mb=, ...) work in
     its place. bucket_mb <= 0 means per-layer WFBP. comm_on_cpu: transfers hold the CPUs
-    at their ends (None: when the comm model is loopback)."""
+    at their ends (None: when the comm model is loopback). A world whose fullest device needs
+    more than `capacity_bytes` (modelling/memory.py) is a row "does not fit: ...", never a time."""
     scenario = resolve_scenario(scenario, settings)
     layers = table(layers)
     sizes = [scenario.workers] if workers is None else list(workers)
@@ -366,9 +369,13 @@ def predict(
     for n in sizes:
         s = decided_scenario(scenario.with_workers(n), comm_model)
         try:
-            out.append(predict_one(layers, comm, s, host_cores))
+            row = predict_one(layers, comm, s, host_cores)
         except CommModelError as err:  # NoPrediction among them
             if strict:
                 raise
-            out.append(no_prediction(s, str(err)))
+            row = no_prediction(s, str(err))
+        row |= predict_memory(layers, s)  # what it holds, whether or not its time is known
+        if reason := does_not_fit(row, s, layers.get("device", "cpu"), capacity_bytes):
+            row = no_prediction(s, reason) | {k: row[k] for k in MEMORY_FIGURES}
+        out.append(row)
     return out

@@ -43,6 +43,10 @@ class Scenario(Config):
         description="The node of every rank, workers then shards, as the provider places them "
         "(infra/placement.py); default: one host.",
     )
+    # The optimizers' momenta decide whether they hold a momentum buffer (modelling/memory.py).
+    momentum: float = Field(_TRAIN["momentum"].default, ge=0, description=_TRAIN["momentum"].description)
+    momentum_local: float | None = Field(None, ge=0, description=_TRAIN["momentum_local"].description)
+    momentum_async: float | None = Field(None, ge=0, description=_TRAIN["momentum_async"].description)
 
     @field_validator("algorithm")
     @classmethod
@@ -102,6 +106,7 @@ class Scenario(Config):
             "bucket_mb": config.get("bucket_mb"),
             "batch_size": summary["batch_size"],
             "node_of_rank": (summary.get("placement") or {}).get("node_of_rank"),
+            **{k: config.get(k) for k in ("momentum", "momentum_local", "momentum_async")},
         }
         return cls.of("scenario", **{k: v for k, v in values.items() if v is not None})
 
@@ -116,6 +121,14 @@ class Scenario(Config):
         if workers == self.workers:
             return self
         return Scenario.of("scenario", **{**self.model_dump(), "workers": workers})
+
+    @property
+    def effective_momentum_local(self) -> float:
+        return self.momentum if self.momentum_local is None else self.momentum_local
+
+    @property
+    def effective_momentum_async(self) -> float:
+        return self.momentum if self.momentum_async is None else self.momentum_async
 
     @property
     def bucket_bytes(self) -> int:

@@ -147,6 +147,7 @@ def validate_run(
     statistic = "worker_mean" if summary["algorithm"] == "asgd" and it.get("worker_mean") else "p50"
     measured = it[statistic]
     mean = it.get("mean") or measured
+    memory = (summary.get("memory") or {}).get("peak_bytes")
     return {
         "run": str(run),
         "algorithm": summary["algorithm"],
@@ -169,6 +170,10 @@ def validate_run(
         "predicted_comm_s": pred["comm_s"],
         "measured_breakdown_s": summary.get("breakdown_s"),
         "no_prediction": pred["no_prediction"],
+        # The largest rank's tensor bytes, predicted (modelling/memory.py) and counted by the run.
+        "memory_predicted_bytes": pred.get("memory_bytes"),
+        "memory_measured_bytes": memory,
+        "memory_error": _error(pred.get("memory_bytes"), memory) if memory else None,
     }
 
 
@@ -196,6 +201,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [abs(c["error"]) for c in configs if c["error"] is not None]
     # A model error on too few in-situ samples stays on its row, marked, out of the figures.
     model = [abs(c["model_error"]) for c in configs if c["model_error"] is not None and not c["model_error_note"]]
+    memory = [abs(c["memory_error"]) for c in configs if c["memory_error"] is not None]
     return {
         "runs": runs,
         "configs": configs,
@@ -204,6 +210,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         # Over the configurations whose runs timed their layers in situ, on enough samples.
         "median_abs_model_error": statistics.median(model) if model else None,
         "worst_abs_model_error": max(model) if model else None,
+        "median_abs_memory_error": statistics.median(memory) if memory else None,
+        "worst_abs_memory_error": max(memory) if memory else None,
         # Configurations with a measured row and no prediction (`no_prediction` says why).
         "configs_without_prediction": sum(c["error"] is None for c in configs),
         # Configurations whose model error rests on fewer than MIN_INSITU_SAMPLES samples.
@@ -237,6 +245,7 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         model = _median_of_every(rs, "model_predicted_iter_s")
         times = [r["measured_iter_s"] for r in rs]
         samples = _sum_of_every(rs, "model_error_samples") if model is not None else None
+        memory = {k: _median_of_every(rs, f"memory_{k}_bytes") for k in ("predicted", "measured")}
         out.append(
             {
                 **dict(zip(CONFIG_KEYS, key, strict=True)),
@@ -251,6 +260,9 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "model_error_samples": samples,
                 "model_error_note": too_few_samples(samples),
                 "repeat_spread": max(times) / min(times) - 1,
+                "memory_predicted_bytes": memory["predicted"],
+                "memory_measured_bytes": memory["measured"],
+                "memory_error": _error(memory["predicted"], memory["measured"]) if memory["measured"] else None,
             }
         )
     return out

@@ -17,38 +17,53 @@ from typing import Any
 from pipelines.spec import BenchSpec, SpecError
 from pipelines.spec.load import by_field
 
+# The memory prediction's largest error (benchmarks/bench_memory_prediction.py): a job predicted to
+# need up to this much more than its devices hold may still fit, and is not refused.
+MEMORY_ERROR = 0.05
+
 
 def preflight(spec: BenchSpec, entries: list[dict[str, Any]], home: Path, source: str = "spec") -> None:
     """SpecError listing every problem of `spec` and its grid `entries`; nothing is created."""
-    problems = _jobs(entries, source, spec.train_timeout_s) + _writable(home)
+    problems = _jobs(spec, entries, source) + _writable(home)
     if problems:
         raise SpecError("\n".join(by_field(problems)))
 
 
-def _jobs(entries: list[dict[str, Any]], source: str, timeout_s: float) -> list[str]:
+def _jobs(spec: BenchSpec, entries: list[dict[str, Any]], source: str) -> list[str]:
     from pipelines.launch import prepare
     from training.config import ConfigError, build_config
     from training.gpt_shape import GPT_OPTIONS
 
-    problems, seen = [], set()
+    problems, checked, sized = [], {}, {}
     for entry in entries:
         cfg = entry["config"]
         # Repeats and algorithms share model, data and shapes: check each combination once.
         what = tuple(str(cfg.get(k)) for k in ("model", "dataset", "data_root", "input_shape", "num_classes",
                                                  "workers", "batch_size", "synthetic_samples", "steps", "epochs",
                                                  "threads", "device", *GPT_OPTIONS))
-        if what in seen:
-            continue
-        seen.add(what)
         where = f"{source}.grid[{entry['key']}]"
-        try:
-            _generated_fits(build_config(cfg, where), where)  # arithmetic first: a refusal builds no model
-            checked = prepare(cfg, source=where)
-        except ConfigError as err:
-            problems.append(str(err))
+        if what not in checked:
+            checked[what] = None
+            try:
+                _generated_fits(build_config(cfg, where), where)  # arithmetic first: a refusal builds no model
+                checked[what] = prepare(cfg, source=where)
+            except ConfigError as err:
+                problems.append(str(err))
+                continue
+            # prepare checked the batch against the data
+            if problem := _finishes(checked[what], where, spec.train_timeout_s):
+                problems.append(problem)
+        if checked[what] is None:
             continue
-        if problem := _finishes(checked, where, timeout_s):  # prepare checked the batch against the data
-            problems.append(problem)
+        # Memory depends on the algorithm and its optimizers too: each configuration once, each
+        # model sized once.
+        one = build_config(cfg, where)
+        key = (what, one.algorithm, one.comm, one.servers, one.momentum, one.momentum_local, one.momentum_async,
+               one.overlap)
+        if key not in sized:
+            sized[key] = _fits(spec, one, where)
+            if sized[key]:
+                problems.append(sized[key])
     return problems
 
 
@@ -81,6 +96,58 @@ def _finishes(cfg: Any, where: str, timeout_s: float) -> str | None:
     field = "steps" if cfg.steps is not None else "epochs"
     return (f"{where}.{field}: {steps:,} steps take at least {steps * step_s:,.0f} s (at least {step_s * 1e3:.3g} ms "
             f"a step on any {cfg.device.value} device), past train_timeout_s of {timeout_s:,.0f} s")
+
+
+def capacity_bytes(spec: BenchSpec, device: str) -> int | None:
+    """The memory of one device (a GPU's, or one CPU node's): the spec's `memory.device`, else
+    this host's where the provider is local (a GPU's total, the node's available memory on
+    CPU); None where nothing says (a remote cluster's nodes are not this host)."""
+    if spec.memory.device is not None:
+        return int(spec.memory.device)
+    if spec.provider.name != "local":
+        return None
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def _fits(spec: BenchSpec, cfg: Any, where: str) -> str | None:
+    """Why a job's ranks cannot fit in the memory of their devices, by the model's prediction
+    (modelling/memory.py) from the model sized on the meta device (no memory, no time); None
+    where they may. The prediction's own error (MEMORY_ERROR) is given to the job: only what
+    surely fails is refused."""
+    from infra import ProviderError
+    from modelling.memory import human_bytes, node_bytes, predict_memory
+    from modelling.scenario import Scenario
+    from training.measure.memory import meta_memory
+    from training.shape import resolve_input_shape
+    from training.text import corpus_vocab
+
+    capacity = capacity_bytes(spec, cfg.device.value)
+    if capacity is None:
+        return None
+    mem = meta_memory(cfg.model, resolve_input_shape(cfg), cfg.num_classes or corpus_vocab(cfg.dataset),
+                      cfg.batch_size, cfg.model_options)
+    if mem is None:
+        return None
+    try:
+        placed = spec.provider.build().place(cfg.workers, cfg.servers).node_of_rank
+    except ProviderError:  # the spec's placement check names it
+        placed = None
+    s = Scenario.from_train_config(cfg, node_of_rank=placed)
+    need = node_bytes(predict_memory({"batch_size": cfg.batch_size, "memory": mem}, s)["memory_ranks"], s,
+                      cfg.device.value)
+    if need <= capacity * (1 + MEMORY_ERROR):
+        return None
+    held = "a GPU" if cfg.device.value == "cuda" else "a node"
+    has = "memory.device" if spec.memory.device is not None else "this host (memory.device states another)"
+    return (f"{where}.batch_size: {cfg.model} at a batch of {cfg.batch_size} ({s.algorithm} over {s.comm}, "
+            f"{cfg.workers} workers) needs {human_bytes(need)} on {held}, more than the {human_bytes(capacity)} of "
+            f"{has}")
 
 
 def _writable(home: Path) -> list[str]:

@@ -151,6 +151,11 @@ def test_onboarding_runs_end_to_end(onboarding: dict[str, Any]) -> None:
     profile = json.loads(Path(path).read_text())
     assert profile["hardware"] == "cpu-onboard-test"
     assert profile["comm_model"]["fits"] and profile["layers"]
+    # The largest per-worker batch each algorithm fits in this host's memory: at least the batch
+    # the run trained at on it (modelling/memory.py).
+    assert set(profile["largest_batch"]) == set(profile["layers"])
+    assert all(isinstance(b, int) and b >= 32 for row in profile["largest_batch"].values() for b in row.values()), \
+        profile["largest_batch"]
 
     # Predictions for the chosen algorithm at every power of two up to 1024 workers.
     predictions = json.loads((Path(ctx["run_dir"]) / "predict" / "predictions.json").read_text())

@@ -50,6 +50,11 @@ WRONG = [
     ("no workers", ["workers=[0]"], "workers"),
     ("an unknown algorithm", ['algorithms=[{"name": "hogwild"}]'], "algorithms.0.name"),
     ("an unknown spec field", ["warmup_stpes=3"], "warmup_stpes"),
+    ("a configuration that cannot fit the memory it states", ['memory={"device": "1mb"}'],
+     "grid[lenet5-ssgd-allreduce-w2-b32-r0].batch_size: lenet5 at a batch of 32 (ssgd over allreduce, 2 workers) "
+     "needs "),
+    ("a memory that is not a size", ['memory={"device": "lots"}'], "memory.device"),
+    ("a memory past its bound", ['memory={"device": "2PiB"}'], "memory.device"),
 ]
 
 

@@ -3,6 +3,7 @@ saved for backward, against figures worked out by hand."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,3 +65,45 @@ def test_the_summary_takes_the_largest_ranks_figures_and_lists_every_rank() -> N
     assert memory["reserved_bytes"] is None
     assert [(r["rank"], r["role"]) for r in memory["ranks"]] == [(0, "worker"), (1, "worker"), (2, "server")]
     assert set(memory["ranks"][0]) == {"rank", "role", "peak_bytes", "peak_rss_bytes", "breakdown"}
+
+
+def test_a_models_own_memory_is_its_state_and_saved_bytes_fixed_plus_per_sample() -> None:
+    """The profile's `memory` section (modelling/memory.py predicts from it), on the same MLP."""
+    from training.measure.memory import model_memory
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(IN, H1), nn.ReLU(), nn.Linear(H1, H2), nn.BatchNorm1d(H2), nn.Linear(H2, OUT))
+    weights = (IN * H1 + H1) + (H1 * H2 + H2) + 2 * H2 + (H2 * OUT + OUT)
+
+    def batch_of(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, IN), torch.randint(0, OUT, (n,))
+
+    mem = model_memory(net, batch_of, BATCH)
+    assert mem["parameter_bytes"] == mem["gradient_bytes"] == F32 * weights
+    assert mem["trainable_numel"] == weights
+    # BatchNorm's running mean and variance (float32) and its int64 count of batches.
+    assert mem["buffer_bytes"] == F32 * 2 * H2 + I64
+    act = mem["activations"]
+    assert act["batches"] == [BATCH // 2, BATCH]
+    # A sample's saved bytes: the first Linear's input, the ReLU's output (the next Linear's
+    # input), the second Linear's output (BatchNorm's input), BatchNorm's output (the last
+    # Linear's input), log_softmax's output and the int64 target; BatchNorm's saved batch mean
+    # and inverse deviation and nll_loss's total weight do not grow with the batch.
+    assert act["per_sample_bytes"] == F32 * (IN + H1 + H2 + H2 + OUT) + I64
+    assert act["fixed_bytes"] == F32 * 2 * H2 + F32
+    assert act["saved_bytes"] == [act["fixed_bytes"] + act["per_sample_bytes"] * n for n in act["batches"]]
+
+
+@pytest.mark.parametrize("name, shape, options", [
+    ("lenet5", (1, 28, 28), None), ("mlp", (1, 8, 8), None), ("resnet20", (3, 32, 32), None),
+    ("gpt-tiny", (1, 1, 16), {"n_layer": 2, "d_model": 24, "n_head": 2, "seq_len": 16})])
+def test_a_model_sized_with_fake_tensors_is_sized_as_on_the_cpu(name: str, shape: tuple[int, int, int],
+                                                                  options: dict | None) -> None:
+    """The preflight's figures (fake tensors: no memory, no time) are the ones a real forward counts."""
+    from training.measure.memory import meta_memory, model_memory
+    from training.models import build_model, example_input
+
+    torch.manual_seed(0)
+    net = build_model(name, shape, 10, options)
+    real = model_memory(net, lambda n: (example_input(name, shape, n), None), 6)
+    assert meta_memory(name, shape, 10, 6, options) == real

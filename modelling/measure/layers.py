@@ -36,7 +36,21 @@ def check_layers(layers: dict[str, Any], source: str = "layers") -> dict[str, An
             raise LayersError(f"{source}: layers[{i}] lacks {', '.join(lack)}")
         if row["fwd_s"] < 0 or row["bwd_s"] < 0:
             raise LayersError(f"{source}: layers[{i}] ({row['name']}) has a negative time")
+    if "memory" in layers:  # the model's memory figures (modelling/memory.py); a table may predate them
+        _check_memory(layers["memory"], source)
     return layers
+
+
+MEMORY_KEYS = ("parameter_bytes", "gradient_bytes", "trainable_numel", "buffer_bytes")
+
+
+def _check_memory(memory: Any, source: str) -> None:
+    act = memory.get("activations") if isinstance(memory, dict) else None
+    numbers = [memory.get(k) for k in MEMORY_KEYS] if isinstance(memory, dict) else [None]
+    numbers += [act.get(k) for k in ("fixed_bytes", "per_sample_bytes")] if isinstance(act, dict) else [None]
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
+        raise LayersError(f"{source}: memory needs numbers {', '.join(MEMORY_KEYS)} and activations.fixed_bytes, "
+                          f"activations.per_sample_bytes; write it with `ddlbench profile`")
 
 
 def load_layers(path: Path) -> dict[str, Any]:

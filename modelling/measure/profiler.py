@@ -37,7 +37,7 @@ from typing import Any
 from modelling.measure.configs import ProfileConfig
 from modelling.measure.layers import write_layers
 
-__all__ = ["ProfileConfig", "ProfileFailed", "profile_layers", "run_profile", "write_layers"]
+__all__ = ["ProfileConfig", "ProfileFailed", "profile_layers", "profile_memory", "run_profile", "write_layers"]
 
 
 def _spread(xs: list[float]) -> float:
@@ -282,8 +282,28 @@ def profile_table(job: dict[str, Any], net, opt, train, sampler, shape, dev) -> 
         "warmup": job["warmup"],
         "repeats": job["repeats"],
         **table,
+        "memory": _memory(net, train, sampler, dev, job["batch_size"]),
         "environment": _environment(job["device"], job["processes"]),
     }
+
+
+def _memory(net, train, sampler, dev, batch_size: int) -> dict[str, Any]:
+    """The table's `memory` section: the model's own figures on the profile's first batches."""
+    from training.measure.memory import model_memory
+
+    def batch_of(n: int):
+        x, y = train.batch(sampler.indices(0, 0)[:n])
+        return x.to(dev), y.to(dev)
+
+    return model_memory(net, batch_of, batch_size)
+
+
+def profile_memory(model: str, batch_size: int, input_shape, dataset: str, num_classes: int,
+                   model_options: dict[str, int] | None = None, device: str = "cpu") -> dict[str, Any]:
+    """The `memory` section of a profile alone, measured in this process (no timing, no ranks)."""
+    net, _, train, sampler, _, dev = build_profiled(model, batch_size, input_shape, dataset, num_classes, device,
+                                                    model_options=model_options)
+    return _memory(net, train, sampler, dev, batch_size)
 
 
 def _measure(net, opt, train, sampler, dev, warmup: int, repeats: int) -> dict[str, Any]:

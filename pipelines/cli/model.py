@@ -146,6 +146,14 @@ def _from_profile(profile: dict[str, Any], workload: str | None) -> tuple[dict[s
     default=None,
     help="Also write a Gantt PNG and Chrome trace per world size into this directory.",
 )
+@click.option(
+    "--memory",
+    "memory_device",
+    default=None,
+    metavar="SIZE",
+    help="The memory of one device (8gb, 16GiB; on CPU one node's): a world that needs more is a row "
+    "'does not fit', never a time.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def predict_cmd(
     layers_path: Path | None,
@@ -163,11 +171,13 @@ def predict_cmd(
     overlap: bool,
     batch_size: int | None,
     timeline: Path | None,
+    memory_device: str | None,
     as_json: bool,
 ) -> None:
-    """Predict iteration time and throughput per world size from the DAG model."""
+    """Predict iteration time, throughput and memory per world size from the DAG model."""
     from modelling.fit import load_comm_model
     from modelling.measure.layers import load_layers
+    from modelling.memory import human_bytes
     from modelling.predict import predict
     from modelling.scenario import Scenario
     from modelling.trace import predicted_timeline, write_chrome_trace, write_gantt
@@ -196,7 +206,8 @@ def predict_cmd(
             raise click.UsageError("--layers and --comm: both needed (or --hardware LABEL)")
         else:
             layers, model = load_layers(layers_path), load_comm_model(comm_path)
-        results = predict(layers, model, scenario, workers=workers)
+        capacity = _bytes("--memory", memory_device)
+        results = predict(layers, model, scenario, workers=workers, strict=capacity is None, capacity_bytes=capacity)
     except ValueError as err:
         fail(err)
     algorithm, comm_mode = scenario.algorithm, scenario.comm
@@ -210,27 +221,49 @@ def predict_cmd(
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return
-    print_rows(
-        ["workers", "servers", "iter ms", "samples/s", "compute ms", "comm ms", "busiest"],
-        [
+    timed = [r for r in results if r["iter_time_s"] is not None]
+    if timed:
+        print_rows(
+            ["workers", "servers", "iter ms", "samples/s", "compute ms", "comm ms", "busiest", "memory"],
             [
-                r["workers"],
-                r["servers"],
-                f"{r['iter_time_s'] * 1e3:.2f}",
-                f"{r['throughput_samples_per_s']:.1f}",
-                f"{r['compute_s'] * 1e3:.2f}",
-                f"{r['comm_s'] * 1e3:.2f}",
-                _busiest(r["utilisation"]),
-            ]
-            for r in results
-        ],
-        f"{layers['model']}: {algorithm} over {comm_mode}",
-    )
+                [
+                    r["workers"],
+                    r["servers"],
+                    f"{r['iter_time_s'] * 1e3:.2f}",
+                    f"{r['throughput_samples_per_s']:.1f}",
+                    f"{r['compute_s'] * 1e3:.2f}",
+                    f"{r['comm_s'] * 1e3:.2f}",
+                    _busiest(r["utilisation"]),
+                    human_bytes(r["memory_bytes"]) if r.get("memory_bytes") is not None else "-",
+                ]
+                for r in timed
+            ],
+            f"{layers['model']}: {algorithm} over {comm_mode}",
+        )
+    for r in results:  # a world with no time says why: it does not fit, or the model cannot say
+        if r["iter_time_s"] is None:
+            click.echo(f"{layers['model']}: {algorithm} over {comm_mode}, {r['workers']} workers: "
+                       f"{r['no_prediction']}")
 
 
 def _busiest(util: dict[str, float]) -> str:
     name = max(util, key=util.get)
     return f"{name} {util[name]:.0%}"
+
+
+def _bytes(option: str, text: str | None) -> int | None:
+    """A size as the spec's memory.device takes it (pydantic's ByteSize: 8gb, 16GiB, 512MiB)."""
+    if text is None:
+        return None
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        size = int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise ValueError(f"{option}: not a size, got {text!r} (write 8gb, 16GiB or 512MiB)") from None
+    if size <= 0:
+        raise ValueError(f"{option}: must be more than 0 bytes, got {text!r}")
+    return size
 
 
 @click.command("validate")

@@ -60,6 +60,8 @@ VALIDATION_KEYS = (
     "worst_abs_error",
     "median_abs_model_error",
     "worst_abs_model_error",
+    "median_abs_memory_error",
+    "worst_abs_memory_error",
     "median_repeat_spread",
     "worst_repeat_spread",
 )

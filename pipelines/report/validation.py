@@ -57,8 +57,8 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
         "model's stated accuracy ('inputs').",
         "",
         "| configuration | repeats | predicted ms (p10-p90) | 80% interval ms | measured ms | end-to-end error "
-        "| model error | repeat spread |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model error | repeat spread | memory predicted / measured (error) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in validation["configs"]:
         where = "" if c.get("placement") in (None, "one host") else f" ({c['placement']})"
@@ -66,14 +66,16 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
             f"| {c['model']} {c['algorithm']}-{c['comm']} w{c['workers']} b{c['batch_size']}{where} | {c['repeats']} "
             f"| {ms(c['predicted_iter_s'])} ({ms_interval(c.get('predicted_p10_s'), c.get('predicted_p90_s'))}) "
             f"| {calibrated_cell(c)} | {ms(c['measured_iter_s'])} | {pct(c['error'])} | {model_error_cell(c)} "
-            f"| {pct(c.get('repeat_spread'))} |"
+            f"| {pct(c.get('repeat_spread'))} | {memory_cell(c)} |"
         )
     v = validation
     md += [
         "",
         f"Median |end-to-end error| {_abs(v.get('median_abs_error'))}, worst {_abs(v.get('worst_abs_error'))}; "
         f"median |model error| {_abs(v.get('median_abs_model_error'))}, worst {_abs(v.get('worst_abs_model_error'))}; "
-        f"repeat spread median {_abs(v.get('median_repeat_spread'))}, worst {_abs(v.get('worst_repeat_spread'))}.",
+        f"repeat spread median {_abs(v.get('median_repeat_spread'))}, worst {_abs(v.get('worst_repeat_spread'))}; "
+        f"median |memory error| {_abs(v.get('median_abs_memory_error'))}, "
+        f"worst {_abs(v.get('worst_abs_memory_error'))}.",
     ]
     if v.get("configs_model_error_too_few_samples"):
         md += ["", f"{v['configs_model_error_too_few_samples']} configuration(s) left out of the model error's "
@@ -88,16 +90,35 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
             f"p10-p90 of the predictions re-made from each of the {inputs.get('profile_rounds', '?')} profile "
             f"rounds with each of the {inputs.get('microbench_rounds', '?')} microbenchmark rounds.",
             "",
-            "| workload | algorithm | workers | link | iter ms | p10-p90 ms | 80% interval ms | what-if |",
-            "|---|---|---|---|---|---|---|---|",
+            "| workload | algorithm | workers | link | iter ms | p10-p90 ms | 80% interval ms | memory | what-if |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         md += [
             f"| {p['workload']} b{p['batch_size']} | {p['algorithm']} | {p['workers']} | {p['link_bandwidth']} "
             f"| {ms(p['iter_time_s'])} | {ms_interval(p.get('iter_time_p10_s'), p.get('iter_time_p90_s'))} "
-            f"| {calibrated_cell(p)} | {'yes' if p.get('what_if') else ''} |"
+            f"| {calibrated_cell(p)} | {predicted_memory_cell(p)} | {'yes' if p.get('what_if') else ''} |"
             for p in preds
         ]
     return md
+
+
+def memory_cell(c: dict[str, Any]) -> str:
+    """The largest rank's tensor bytes, predicted / measured (error); '-' where either lacks."""
+    from modelling.memory import human_bytes
+
+    predicted, measured = c.get("memory_predicted_bytes"), c.get("memory_measured_bytes")
+    if predicted is None or measured is None:
+        return "-"
+    return f"{human_bytes(predicted)} / {human_bytes(measured)} ({pct(c.get('memory_error'))})"
+
+
+def predicted_memory_cell(p: dict[str, Any]) -> str:
+    """The fullest rank's predicted bytes, or why the row has no time where it does not fit."""
+    from modelling.memory import human_bytes
+
+    if (p.get("no_prediction") or "").startswith("does not fit"):
+        return p["no_prediction"]
+    return "-" if p.get("memory_bytes") is None else human_bytes(p["memory_bytes"])
 
 
 def _abs(v: float | None) -> str:

@@ -38,6 +38,7 @@ from pipelines.spec.load import (
 from pipelines.spec.sections import (
     GRID_FIELDS,
     AlgorithmSpec,
+    MemorySpec,
     MicrobenchSpec,
     NetworkSpec,
     ProfileSpec,
@@ -55,9 +56,9 @@ from training.config import Comm, ConfigError, TrainConfig
 INJECTED_OPTIONS = ("inject_delay_ms", "inject_busy", "inject_where")
 
 __all__ = [
-    "SPEC_VERSION", "AlgorithmSpec", "BenchSpec", "MicrobenchSpec", "NetworkSpec", "ProfileSpec", "ProviderSpec",
-    "RegressionSpec", "SpecError", "Suite", "TrackingSpec", "WhatIfSpec", "Workload", "config_key", "config_of",
-    "flatten", "grid", "load_spec", "parse_rate", "validate_spec",
+    "SPEC_VERSION", "AlgorithmSpec", "BenchSpec", "MemorySpec", "MicrobenchSpec", "NetworkSpec", "ProfileSpec",
+    "ProviderSpec", "RegressionSpec", "SpecError", "Suite", "TrackingSpec", "WhatIfSpec", "Workload", "config_key",
+    "config_of", "flatten", "grid", "load_spec", "parse_rate", "validate_spec",
 ]
 
 SPEC_VERSION = 1
@@ -101,6 +102,7 @@ class BenchSpec(Section):
     microbench: MicrobenchSpec = Field(default_factory=MicrobenchSpec)
     profile: ProfileSpec = Field(default_factory=ProfileSpec)
     what_if: WhatIfSpec = Field(default_factory=WhatIfSpec)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
     regression: RegressionSpec = Field(default_factory=RegressionSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 

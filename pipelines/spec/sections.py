@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
 from infra import bounds
 from infra.units import parse_rate
@@ -236,6 +236,22 @@ class WhatIfSpec(Section):
     def _rates(cls, v: list[str]) -> list[str]:
         for rate in v:
             parse_rate(rate)
+        return v
+
+
+class MemorySpec(Section):
+    device: ByteSize | None = Field(
+        None, le=bounds.DEVICE_MEMORY_BYTES.limit,
+        description="The memory of one device (24gb, 16GiB): a GPU's, or on CPU one node's, shared by the ranks "
+        "placed on it. A configuration predicted not to fit is refused before anything runs, and a what-if "
+        "that does not fit is predicted as such. Default: this host's when the provider is local (a GPU's "
+        "total memory, the node's available memory on CPU); none, and no refusal, otherwise.")
+
+    @field_validator("device")
+    @classmethod
+    def _positive(cls, v: ByteSize | None) -> ByteSize | None:
+        if v is not None and v <= 0:
+            raise ValueError(f"must be more than 0 bytes, got {v}")
         return v
 
 

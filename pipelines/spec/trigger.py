@@ -36,7 +36,7 @@ TRIGGER_FIELDS = (
     "workloads", "workloads.*.model", "workloads.*.dataset", "workloads.*.input_shape", "workloads.*.num_classes",
     "algorithms", "algorithms.*.name", "algorithms.*.comm", "algorithms.*.options.*",
     "workers", "servers", "batch_sizes", "steps", "epochs", "repeats", "target_accuracy", "scaling",
-    "train.*", "train_timeout_s", "network.*", "microbench.*", "profile.*", "what_if.*", "regression.*",
+    "train.*", "train_timeout_s", "network.*", "microbench.*", "profile.*", "what_if.*", "memory.*", "regression.*",
     "tracking.system_metrics",
     # The spec's own provider named again (the onboarding form names it; another is refused at
     # start by check_trigger_provider), and its sizes and links; where and as whom is the spec's.

@@ -18,6 +18,7 @@ def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> lis
     from modelling.predict import cores_of
     from modelling.predict import predict as predict_model
     from modelling.scenario import Scenario
+    from pipelines.preflight import capacity_bytes
 
     cores = cores_of(model)
     sizes = sorted(set(spec.workers) | set(spec.what_if.workers))
@@ -41,7 +42,8 @@ def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> lis
                         **Scenario.settings_in(algo.options),
                     )
                     scenario = scenario.model_copy(update={"node_of_rank": placed.get((n, scenario.servers))})
-                    for p in predict_model(layers, model, scenario, strict=False):
+                    capacity = capacity_bytes(spec, layers.get("device", "cpu"))
+                    for p in predict_model(layers, model, scenario, strict=False, capacity_bytes=capacity):
                         rows.append(
                             {
                                 "workload": wl.label,
@@ -53,6 +55,9 @@ def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> lis
                                 "throughput_samples_per_s": p["throughput_samples_per_s"],
                                 "compute_s": p.get("compute_s"),
                                 "comm_s": p.get("comm_s"),
+                                # The fullest rank's tensor bytes and their breakdown (modelling/memory.py).
+                                "memory_bytes": p.get("memory_bytes"),
+                                "memory_breakdown": p.get("memory_breakdown"),
                                 "what_if": p["workers"] not in spec.workers or rate != rates[0][1],
                                 # Why the model gave no figures (DESIGN §3), or what it assumed.
                                 "no_prediction": p.get("no_prediction"),

@@ -83,7 +83,8 @@ def trained_dirs(trained: list[dict]) -> list[dict]:
     return [e for e in trained if e and e.get("status") == "FINISHED" and Path(e["run_dir"], "summary.json").exists()]
 
 
-_SUMMARY_KEYS = ("median_abs_error", "worst_abs_error", "median_abs_model_error", "worst_abs_model_error")
+_SUMMARY_KEYS = ("median_abs_error", "worst_abs_error", "median_abs_model_error", "worst_abs_model_error",
+                 "median_abs_memory_error", "worst_abs_memory_error")
 
 
 def _skipped(**why: Any) -> dict:

@@ -31,7 +31,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         history = rep.find_history(t, ctx.as_dict(), spec.regression.history)
         figures = config_figures(trained_dirs(trained))
         check = rep.regression_check(table, val, history, spec.regression, rep.injected_delay_ms(runs), figures,
-                                     _predictors(ctx, trained))
+                                     _predictors(ctx, trained), rep.host_load(runs))
         check = apply_confirmations(check, confirmations)
         md = rep.write_report(out, ctx.as_dict(), spec, runs, table, val, check)
         for name, fig in rep.figures(runs, table, val).items():
@@ -93,6 +93,7 @@ def record_hardware_profile(ctx: RunContext) -> dict:
         "spec_hash": ctx.spec_hash,
         "comm_model": model,
         "layers": layers_by or {},
+        "largest_batch": largest_batches(ctx.spec(), layers_by or {}),
     }
     path = write_json(ctx.paths.hardware_profile, profile_doc)
     t = tracker(ctx)
@@ -102,6 +103,32 @@ def record_hardware_profile(ctx: RunContext) -> dict:
     result = {"hardware_profile": str(path)}
     write_json(done, result)
     return result
+
+
+def largest_batches(spec: Any, layers_by: dict[str, dict]) -> dict[str, dict[str, int | None]]:
+    """Per profiled workload and algorithm of the spec, the largest per-worker batch whose ranks
+    fit the memory of this hardware's devices (modelling/memory.py) at the spec's largest world;
+    none where the memory is unknown (a remote cluster's, unstated)."""
+    from infra import bounds
+    from modelling.memory import largest_batch
+    from modelling.scenario import Scenario
+    from pipelines.preflight import capacity_bytes
+    from pipelines.stages.grid import placements
+
+    workers = max(spec.workers)
+    placed = placements(spec, [workers])
+    out: dict[str, dict[str, int | None]] = {}
+    for workload, layers in layers_by.items():
+        device = layers.get("device", "cpu")
+        capacity = capacity_bytes(spec, device)
+        row = out.setdefault(workload, {})
+        for algo in spec.algorithms:
+            s = Scenario.of("spec", algorithm=algo.name.value, comm=algo.comm_mode.value, workers=workers,
+                            servers=spec.servers, **Scenario.settings_in(algo.options))
+            s = s.model_copy(update={"node_of_rank": placed.get((workers, s.servers))})
+            row[algo.label] = (None if capacity is None else
+                               largest_batch(layers, s, device, capacity, bounds.BATCH_SIZE.limit))
+    return out
 
 
 def _predictors(ctx: RunContext, trained: list[dict]) -> dict[str, Any]:

@@ -36,8 +36,14 @@ _STATE = ("parameters", "gradients", "optimizer", "buffers")
 _Key = tuple[str, int | None, int]
 
 
+# Set while a model is sized with fake tensors (`meta_memory`): their storages have no address,
+# and their own objects' addresses tell them apart while they live.
+_FAKE = False
+
+
 def _key(t: torch.Tensor) -> _Key:
-    return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+    storage = t.untyped_storage()
+    return (t.device.type, t.device.index, storage._cdata if _FAKE else storage.data_ptr())
 
 
 @dataclass
@@ -86,24 +92,28 @@ def peak_rss_bytes() -> int:
 
 
 class ActivationCounter:
-    """The bytes of the distinct storages autograd saves for backward inside `counting()`."""
+    """The bytes of the distinct storages autograd saves for backward inside `counting(held)`,
+    none of the state `held` names. The state is named as the forward begins and each saved
+    storage judged as it is saved, while both live: after the backward frees the activations,
+    a gradient or an optimizer buffer may take a freed one's address."""
 
     def __init__(self) -> None:
         self.saved: dict[_Key, int] = {}
+        self.held: set[_Key] = set()
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        self.saved.setdefault(_key(t), t.untyped_storage().nbytes())
+        if (key := _key(t)) not in self.held:
+            self.saved.setdefault(key, t.untyped_storage().nbytes())
         return t
 
     @contextmanager
-    def counting(self) -> Iterator[None]:
-        self.saved = {}
+    def counting(self, held: set[_Key]) -> Iterator[None]:
+        self.saved, self.held = {}, held
         with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
             yield
 
-    def bytes_beyond(self, held: set[_Key]) -> int:
-        """The saved bytes not already held as state (a weight saved for its input's gradient)."""
-        return sum(n for k, n in self.saved.items() if k not in held)
+    def bytes(self) -> int:
+        return sum(self.saved.values())
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
@@ -133,7 +143,7 @@ class MemoryMeter:
         if not (sampled(step, self.every, self.warmup) or (step == steps - 1 and self.activations is None)):
             yield
             return
-        with self.counter.counting():
+        with self.counter.counting(self._look()):
             yield
         self._counted = True
 
@@ -142,8 +152,8 @@ class MemoryMeter:
         if not self._counted:
             return
         self._counted = False
-        held = self._look()
-        self.activations = max(self.activations or 0, self.counter.bytes_beyond(held))
+        self._look()
+        self.activations = max(self.activations or 0, self.counter.bytes())
 
     def _look(self) -> set[_Key]:
         counts, held = self.held().count()
@@ -191,3 +201,62 @@ def summarise(per_rank: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "breakdown": top["breakdown"],
         "ranks": [{k: r[k] for k in RANK_KEYS} for r in ranks],
     }
+
+
+def model_memory(net: torch.nn.Module, batch_of: Callable[[int], tuple[torch.Tensor, torch.Tensor | None]],
+                 batch: int) -> dict[str, Any]:
+    """A model's own memory figures, the profile's `memory` (modelling/memory.py predicts from
+    them): its parameters, gradients and module buffers, counted as the trainer counts them, and
+    the bytes its forward and loss save for backward at `batch` and at half of it, as fixed plus
+    per-sample bytes. `batch_of(n)` gives n samples on the model's device, the targets None where
+    any will do (class 0 of every output: a model on the meta device, sized without memory)."""
+    import torch.nn.functional as F
+
+    from training.models import logits_of
+
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    state = HeldState(parameters=list(net.parameters()), buffers=list(net.buffers()))
+    counts, held = state.count()
+    batches = sorted({max(1, batch // 2), batch})
+    saved = []
+    counter = ActivationCounter()
+    for n in batches:
+        x, y = batch_of(n)
+        with counter.counting(held):
+            logits = logits_of(net(x))
+            if y is None:  # (batch, classes, ...) -> (batch, ...)
+                y = torch.zeros(logits.shape[:1] + logits.shape[2:], dtype=torch.long, device=logits.device)
+            loss = F.cross_entropy(logits, y)
+        saved.append(counter.bytes())
+        del loss, logits
+    per_sample = (saved[-1] - saved[0]) / (batches[-1] - batches[0]) if len(batches) > 1 else saved[0] / batch
+    return {
+        "parameter_bytes": counts["parameters"],
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in trainable),
+        "trainable_numel": sum(p.numel() for p in trainable),
+        "buffer_bytes": counts["buffers"],
+        "activations": {"batches": batches, "saved_bytes": saved, "per_sample_bytes": per_sample,
+                        "fixed_bytes": saved[-1] - per_sample * batches[-1]},
+    }
+
+
+def meta_memory(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
+                options: dict[str, int | None] | None = None) -> dict[str, Any] | None:
+    """model_memory of a model built and run on fake CPU tensors (no memory, no time), before
+    anything runs (pipelines/preflight.py); None where the model cannot run so. Fake tensors, not
+    the meta device: they dispatch as a CPU tensor does (attention takes the CPU's fused kernel,
+    which saves less than the meta device's reference one)."""
+    global _FAKE
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from training.models import build_model, example_input
+
+    _FAKE = True
+    try:
+        with FakeTensorMode():
+            net = build_model(name, input_shape, num_classes, options)
+            return model_memory(net, lambda n: (example_input(name, input_shape, n), None), batch)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):
+        return None
+    finally:
+        _FAKE = False
