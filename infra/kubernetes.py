@@ -287,17 +287,26 @@ class KubernetesProvider(Provider):
 
         if placement.uniform:
             return torchrun(agents[0].nproc, len(agents), '"$JOB_COMPLETION_INDEX"')
-        lines = ['case "$JOB_COMPLETION_INDEX" in']
+        lines = ['pids=""', 'case "$JOB_COMPLETION_INDEX" in']
         for node in range(self.nodes):
-            mine = [f"{torchrun(a.nproc, len(agents), str(i))} &" for i, a in enumerate(agents) if a.node == node]
-            lines.append(f"  {node}) " + (" ".join(mine) if mine else "exit 0") + " ;;")
+            mine = [f'{torchrun(a.nproc, len(agents), str(i))} & pids="$pids $!";'
+                    for i, a in enumerate(agents) if a.node == node]
+            lines.append(f"  {node}) " + (" ".join(mine) if mine else "exit 0;") + " ;;")
+        # Each agent waited for by the pid it started with, once it has ended: `jobs` forgets a job
+        # that ended before it is asked, and `wait -n` answered 127 ("no child") in one CI run
+        # where two agents ended together. The first to fail ends the others.
         lines += [
             "esac",
             "status=0",
-            "for _ in $(jobs -p); do",
-            "  wait -n && continue",
-            "  code=$?",
-            '  [ "$status" -ne 0 ] || { status=$code; kill $(jobs -p) 2>/dev/null; }',
+            'left="$pids "',
+            'while [ -n "${left// /}" ]; do',
+            "  for pid in $left; do",
+            '    kill -0 "$pid" 2>/dev/null && continue',
+            '    wait "$pid"; code=$?',
+            '    left="${left/ $pid / }"',
+            '    [ "$code" -eq 0 ] || [ "$status" -ne 0 ] || { status=$code; kill $left 2>/dev/null; }',
+            "  done",
+            "  sleep 0.2",
             "done",
             'exit "$status"',
         ]

@@ -284,6 +284,27 @@ def test_option_errors(tmp_path):
             Job("training.run", [], 3, tmp_path / "log", servers=1), "x")
 
 
+@pytest.mark.parametrize("agents, code", [
+    (["exit 0", "exit 0"], 0),  # both ended before the pod asks: each is still waited for
+    (["exit 3", "sleep 30"], 3),  # the first to fail ends the other at once
+    (["sleep 0.3; exit 0", "exit 4"], 4),
+    (["sleep 0.1; exit 5", "sleep 0.1; exit 0"], 5),
+])
+def test_a_pod_with_several_agents_exits_with_the_first_failure(agents: list[str], code: int) -> None:
+    """Pod 0's command with its two torchrun agents replaced by shell stand-ins, run 10 times."""
+    provider = KubernetesProvider(nodes=2, gpus_per_node=1, python=sys.executable, master_port=29500)
+    job = Job("tests.rank_probe", ["out"], world_size=3, servers=1, log_path=Path("log"))
+    command = provider.objects(job, "probe")[1]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    runs = iter(agents * 10)
+    agent = r"\S+ -m torch\.distributed\.run .*? -m tests\.rank_probe out"
+    command = re.sub(agent, lambda _: f"({next(runs)})", command)
+    for _ in range(10):
+        started = time.monotonic()
+        done = subprocess.run(["bash", "-c", command], env={"JOB_COMPLETION_INDEX": "0", "PATH": os.environ["PATH"]},
+                              timeout=20)
+        assert done.returncode == code and time.monotonic() - started < 5
+
+
 @pytest.mark.slow  # torchrun agents, run here for real
 def test_a_placement_with_different_ranks_per_pod_runs_its_agents_with_the_roles_kept(tmp_path):
     """2 workers + 1 colocated shard on 2 pods: pod 0 runs worker 0 and the shard (two torchrun
