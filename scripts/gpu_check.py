@@ -129,6 +129,33 @@ def odsgd_shared(out: Path, timeout_s: float) -> str:
     return _train_detail(_train(out, timeout_s, "--algorithm", "odsgd", "--workers", "2", "--servers", "1"))
 
 
+def memory_cuda(out: Path, timeout_s: float) -> str:
+    """The model's memory prediction (modelling/memory.py, from a profile's `memory` section)
+    against a training run's measured peak: on CUDA the allocator's peak of allocated bytes, which
+    also holds what no tensor count names (cuBLAS workspaces, the optimizer's temporaries): the
+    error is reported, in memory.json too, not judged."""
+    from modelling.memory import human_bytes, predict_memory
+    from modelling.scenario import Scenario
+
+    model = "resnet20" if DEVICE == "cuda" else "lenet5"
+    ddlbench(["profile", "--model", model, "--dataset", "synthetic", "--batch-size", "64", "--device", DEVICE,
+              "--warmup", "1", "--repeats", "2", "--out", str(out / "profile")], timeout_s / 2, out / "profile.log")
+    layers = json.loads((out / "profile" / "layers.json").read_text())
+    if not layers.get("memory"):
+        raise Failed(f"{out / 'profile' / 'layers.json'} has no memory section")
+    summary = _train(out / "train", timeout_s / 2, "--algorithm", "ssgd", "--workers", "1")
+    predicted = predict_memory(layers, Scenario.from_summary(summary))["memory_bytes"]
+    measured = (summary.get("memory") or {}).get("peak_bytes")
+    if not predicted or not measured:
+        raise Failed(f"no memory figure: predicted {predicted}, measured {measured}")
+    error = predicted / measured - 1
+    figures = {"model": model, "device": DEVICE, "predicted_bytes": predicted, "measured_bytes": measured,
+               "reserved_bytes": summary["memory"].get("reserved_bytes"), "error": error}
+    (out / "memory.json").write_text(json.dumps(figures, indent=2))
+    return (f"{model} at batch 64: predicted {human_bytes(predicted)}, measured peak {human_bytes(measured)} "
+            f"({error:+.1%})")
+
+
 def microbench_cuda(out: Path, timeout_s: float) -> str:
     if "--device" not in ddlbench(["microbench", "--help"], 60, out / "help.log"):
         raise Failed("`ddlbench microbench` has no --device option: it has no CUDA path to check")
@@ -168,6 +195,7 @@ CHECKS: list[tuple[str, Check, float]] = [
     ("ps_1w1s_pinned", ps_pinned, 50),
     ("asgd_2w_shared_gpu", asgd_shared, 50),
     ("odsgd_2w_shared_gpu", odsgd_shared, 50),
+    ("memory_cuda", memory_cuda, 40),
     ("microbench_cuda", microbench_cuda, 40),
     ("pipeline_run", pipeline_run, 120),
 ]

@@ -8,7 +8,8 @@
 # Checks (scripts/gpu_check.py): layer profiles of resnet50 and the transformer workload
 # (gpt-mini) on CUDA, timed with CUDA events; a PS job with 1 worker and 1 shard on CUDA
 # (pinned host buffers); ASGD and OD-SGD with 2 workers sharing the GPU over gloo; the
-# microbenchmark with --device cuda (the allreduce on GPU tensors: NCCL, or gloo where the
+# model's memory prediction against a training run's CUDA peak of allocated bytes (reported, in
+# memory.json); the microbenchmark with --device cuda (the allreduce on GPU tensors: NCCL, or gloo where the
 # workers share one GPU); a `ddlbench run` of specs/gpu-check.yaml ending FINISHED with
 # predictions. It writes
 # DIR/summary.json (default gpu-check/): each check's status, seconds and detail.

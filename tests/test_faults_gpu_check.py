@@ -16,7 +16,7 @@ pytestmark = pytest.mark.faults
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKS = ["gpu", "profile_resnet50", "profile_transformer", "ps_1w1s_pinned", "asgd_2w_shared_gpu",
-          "odsgd_2w_shared_gpu", "microbench_cuda", "pipeline_run"]
+          "odsgd_2w_shared_gpu", "memory_cuda", "microbench_cuda", "pipeline_run"]
 
 
 def gpu_check(out: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess:
@@ -45,10 +45,13 @@ def test_without_a_gpu_every_check_fails_fast_naming_it(tmp_path: Path) -> None:
 def test_a_cpu_rehearsal_runs_the_checks_commands(tmp_path: Path) -> None:
     from training.models import check_model_name
 
-    done = gpu_check(tmp_path, "--device", "cpu", "--only", "ps_1w1s_pinned,microbench_cuda,profile_transformer",
-                     timeout_s=600)
+    done = gpu_check(tmp_path, "--device", "cpu", "--only",
+                     "ps_1w1s_pinned,memory_cuda,microbench_cuda,profile_transformer", timeout_s=600)
     checks = json.loads((tmp_path / "summary.json").read_text())["checks"]
-    assert list(checks) == ["profile_transformer", "ps_1w1s_pinned", "microbench_cuda"], checks
+    assert list(checks) == ["profile_transformer", "ps_1w1s_pinned", "memory_cuda", "microbench_cuda"], checks
+    # On CPU the measured peak is the tensors counted, which the prediction reproduces.
+    memory = json.loads((tmp_path / "memory_cuda" / "memory.json").read_text())
+    assert checks["memory_cuda"]["status"] == "passed" and memory["error"] == pytest.approx(0, abs=0.05), memory
     ps = checks["ps_1w1s_pinned"]
     assert ps["status"] == "passed" and ps["detail"].startswith("30 steps, "), ps
     summary = json.loads((tmp_path / "ps_1w1s_pinned" / "summary.json").read_text())
