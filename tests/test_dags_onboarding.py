@@ -156,6 +156,10 @@ def test_onboarding_runs_end_to_end(onboarding: dict[str, Any]) -> None:
     assert set(profile["largest_batch"]) == set(profile["layers"])
     assert all(isinstance(b, int) and b >= 32 for row in profile["largest_batch"].values() for b in row.values()), \
         profile["largest_batch"]
+    report = (Path(ctx["run_dir"]) / "report" / "report.md").read_text()
+    assert "## The largest batch that fits" in report
+    for workload, row in profile["largest_batch"].items():
+        assert f"| {workload} | " + " | ".join(str(b) for b in row.values()) + " |" in report
 
     # Predictions for the chosen algorithm at every power of two up to 1024 workers.
     predictions = json.loads((Path(ctx["run_dir"]) / "predict" / "predictions.json").read_text())

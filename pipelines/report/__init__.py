@@ -75,8 +75,10 @@ def write_report(
     table: list[dict[str, Any]],
     validation: dict[str, Any] | None,
     check: dict[str, Any],
+    largest_batch: dict[str, dict[str, int | None]] | None = None,
 ) -> Path:
-    """report.md (readable) and report.json (what the next run compares against)."""
+    """report.md (readable) and report.json (what the next run compares against). `largest_batch`:
+    an onboarding run's largest per-worker batch that fits, per workload and algorithm."""
     out.mkdir(parents=True, exist_ok=True)
     best = best_per_config(table)
     load = host_load(runs)
@@ -153,6 +155,7 @@ def write_report(
     if load and load["loaded"] and check["checks"]:
         md += ["", f"Caution: this run was measured on a loaded host (other work used up to {load['max']:.0%} of its "
                    "CPU); a slowdown found here may be the load, not the code."]
+    md += largest_batch_lines(largest_batch)
     md += [
         "",
         f"Plots: {', '.join(plot_names(runs, table, validation))} (MLflow artifacts of the report run).",
@@ -161,6 +164,22 @@ def write_report(
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def largest_batch_lines(largest: dict[str, dict[str, int | None]] | None) -> list[str]:
+    """The onboarding report's table of the largest per-worker batch that fits this hardware's
+    memory (none: no lines)."""
+    if not largest:
+        return []
+    algorithms = list(dict.fromkeys(a for row in largest.values() for a in row))
+    md = ["", "## The largest batch that fits", "",
+          "Per worker, at the largest world of the form, by the model's memory prediction against the memory "
+          "of one device (spec `memory.device`, else this host's); '-' where that memory is unknown.", "",
+          "| workload | " + " | ".join(algorithms) + " |", "|---|" + "---|" * len(algorithms)]
+    for workload, row in largest.items():
+        md.append(f"| {workload} | " + " | ".join("-" if row.get(a) is None else str(row[a]) for a in algorithms)
+                  + " |")
+    return md
 
 
 def language_model_lines(table: list[dict[str, Any]]) -> list[str]:

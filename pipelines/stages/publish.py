@@ -33,7 +33,9 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         check = rep.regression_check(table, val, history, spec.regression, rep.injected_delay_ms(runs), figures,
                                      _predictors(ctx, trained), rep.host_load(runs))
         check = apply_confirmations(check, confirmations)
-        md = rep.write_report(out, ctx.as_dict(), spec, runs, table, val, check)
+        profile = ctx.paths.hardware_profile  # an onboarding run's, recorded before the report
+        largest = json.loads(profile.read_text()).get("largest_batch") if profile.exists() else None
+        md = rep.write_report(out, ctx.as_dict(), spec, runs, table, val, check, largest)
         for name, fig in rep.figures(runs, table, val).items():
             t.log_figure(node, fig, name)
         t.log_table(node, rep.columns(table), "comparison.json")
