@@ -41,7 +41,7 @@ def worker_breakdown(memory: dict[str, Any], s: Scenario, batch: int) -> dict[st
     """One worker's bytes by category."""
     grads = memory["gradient_bytes"]
     flat = memory["trainable_numel"] * FLAT_ELEMENT_BYTES
-    momentum = {Algorithm.odsgd.value: s.effective_momentum_local}.get(s.algorithm, s.momentum)
+    momentum = s.effective_momentum_local if s.algorithm == Algorithm.odsgd.value else s.momentum
     if s.comm == Comm.allreduce.value:
         optimizer = grads if momentum else 0
         comm = grads if s.overlap and s.workers > 1 else 0
@@ -89,9 +89,8 @@ def node_bytes(ranks: list[dict[str, Any]], s: Scenario, device: str) -> int:
         return peak["worker"]
     if s.node_of_rank is None:
         return max(peak.values())
-    nodes = s.node_of_rank
     held: dict[int, int] = {}
-    for rank, node in enumerate(nodes):
+    for rank, node in enumerate(s.node_of_rank):
         held[node] = held.get(node, 0) + peak["worker" if rank < s.workers else "server"]
     return max(held.values())
 
@@ -125,7 +124,8 @@ def largest_batch(layers: dict[str, Any], s: Scenario, device: str, capacity_byt
         return node_bytes(predict_memory(layers, s.model_copy(update={"batch_size": batch}))["memory_ranks"], s,
                           device)
 
-    one, step = need(1), need(2) - need(1)
+    one = need(1)
+    step = need(2) - one
     if one > capacity_bytes:
         return 0
     batch = most if step <= 0 else min(most, 1 + (capacity_bytes - one) // step)

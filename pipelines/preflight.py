@@ -17,7 +17,7 @@ from typing import Any
 from pipelines.spec import BenchSpec, SpecError
 from pipelines.spec.load import by_field
 
-# The memory prediction's largest error (benchmarks/bench_memory_prediction.py): a job predicted to
+# The error the memory prediction is held to (tests/test_modelling_memory.py): a job predicted to
 # need up to this much more than its devices hold may still fit, and is not refused.
 MEMORY_ERROR = 0.05
 
@@ -34,7 +34,7 @@ def _jobs(spec: BenchSpec, entries: list[dict[str, Any]], source: str) -> list[s
     from training.config import ConfigError, build_config
     from training.gpt_shape import GPT_OPTIONS
 
-    problems, checked, sized = [], {}, {}
+    problems, checked, sized, own = [], {}, {}, {}
     for entry in entries:
         cfg = entry["config"]
         # Repeats and algorithms share model, data and shapes: check each combination once.
@@ -61,7 +61,11 @@ def _jobs(spec: BenchSpec, entries: list[dict[str, Any]], source: str) -> list[s
         key = (what, one.algorithm, one.comm, one.servers, one.momentum, one.momentum_local, one.momentum_async,
                one.overlap)
         if key not in sized:
-            sized[key] = _fits(spec, one, where)
+            sized[key] = None
+            if (capacity := capacity_bytes(spec, one.device.value)) is not None:
+                if what not in own:
+                    own[what] = _own_memory(one)
+                sized[key] = _fits(spec, one, where, own[what], capacity)
             if sized[key]:
                 problems.append(sized[key])
     return problems
@@ -115,23 +119,26 @@ def capacity_bytes(spec: BenchSpec, device: str) -> int | None:
     return psutil.virtual_memory().available
 
 
-def _fits(spec: BenchSpec, cfg: Any, where: str) -> str | None:
-    """Why a job's ranks cannot fit in the memory of their devices, by the model's prediction
-    (modelling/memory.py) from the model sized on the meta device (no memory, no time); None
-    where they may. The prediction's own error (MEMORY_ERROR) is given to the job: only what
-    surely fails is refused."""
-    from infra import ProviderError
-    from modelling.memory import human_bytes, node_bytes, predict_memory
-    from modelling.scenario import Scenario
-    from training.measure.memory import meta_memory
+def _own_memory(cfg: Any) -> dict[str, Any] | None:
+    """The model's own memory figures (a profile's `memory` section), sized on fake tensors: no
+    memory, no time; None where the model cannot run so."""
+    from training.measure.memory import fake_memory
     from training.shape import resolve_input_shape
     from training.text import corpus_vocab
 
-    capacity = capacity_bytes(spec, cfg.device.value)
-    if capacity is None:
-        return None
-    mem = meta_memory(cfg.model, resolve_input_shape(cfg), cfg.num_classes or corpus_vocab(cfg.dataset),
-                      cfg.batch_size, cfg.model_options)
+    return fake_memory(cfg.model, resolve_input_shape(cfg), cfg.num_classes or corpus_vocab(cfg.dataset),
+                       cfg.batch_size, cfg.model_options)
+
+
+def _fits(spec: BenchSpec, cfg: Any, where: str, mem: dict[str, Any] | None, capacity: int) -> str | None:
+    """Why a job's ranks cannot fit in `capacity` bytes a device, by the model's prediction
+    (modelling/memory.py) from its own figures `mem` (`_own_memory`); None where they may, or
+    where `mem` is unknown. The prediction's own error (MEMORY_ERROR) is given to the job: only
+    what surely fails is refused."""
+    from infra import ProviderError
+    from modelling.memory import human_bytes, node_bytes, predict_memory
+    from modelling.scenario import Scenario
+
     if mem is None:
         return None
     try:

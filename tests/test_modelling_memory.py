@@ -141,9 +141,9 @@ def test_predicted_peaks_are_within_5pct_of_each_ranks_measured(job: dict[str, A
 def _gpt2_small_on_a_gpu() -> dict[str, Any]:
     """A layer table of made-up times with gpt2-small's memory, sized on the meta device."""
     from tests.test_modelling_predict import TOY
-    from training.measure.memory import meta_memory
+    from training.measure.memory import fake_memory
 
-    memory = meta_memory("gpt2-small", (1, 1, 1024), 50257, 4)
+    memory = fake_memory("gpt2-small", (1, 1, 1024), 50257, 4)
     assert memory is not None
     return TOY | {"device": "cuda", "batch_size": 4, "memory": memory}
 

@@ -100,10 +100,10 @@ def test_a_models_own_memory_is_its_state_and_saved_bytes_fixed_plus_per_sample(
 def test_a_model_sized_with_fake_tensors_is_sized_as_on_the_cpu(name: str, shape: tuple[int, int, int],
                                                                   options: dict | None) -> None:
     """The preflight's figures (fake tensors: no memory, no time) are the ones a real forward counts."""
-    from training.measure.memory import meta_memory, model_memory
+    from training.measure.memory import fake_memory, model_memory
     from training.models import build_model, example_input
 
     torch.manual_seed(0)
     net = build_model(name, shape, 10, options)
     real = model_memory(net, lambda n: (example_input(name, shape, n), None), 6)
-    assert meta_memory(name, shape, 10, 6, options) == real
+    assert fake_memory(name, shape, 10, 6, options) == real

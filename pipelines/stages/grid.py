@@ -17,7 +17,6 @@ def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> lis
     from modelling.calibration import domain
     from modelling.predict import cores_of
     from modelling.predict import predict as predict_model
-    from modelling.scenario import Scenario
     from pipelines.preflight import capacity_bytes
 
     cores = cores_of(model)
@@ -29,20 +28,10 @@ def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> lis
     for wl in spec.workloads:
         for batch in spec.batch_sizes:
             layers = layers_by[workload_dir(wl, batch)]
+            capacity = capacity_bytes(spec, layers.get("device", "cpu"))
             for algo in spec.algorithms:
                 for (label, rate), n in itertools.product(rates, sizes):
-                    scenario = Scenario.of(
-                        "spec",
-                        algorithm=algo.name.value,
-                        comm=algo.comm_mode.value,
-                        workers=n,
-                        servers=spec.servers,
-                        bandwidth_bytes_per_s=rate,
-                        batch_size=batch,
-                        **Scenario.settings_in(algo.options),
-                    )
-                    scenario = scenario.model_copy(update={"node_of_rank": placed.get((n, scenario.servers))})
-                    capacity = capacity_bytes(spec, layers.get("device", "cpu"))
+                    scenario = spec_scenario(spec, algo, n, placed, bandwidth_bytes_per_s=rate, batch_size=batch)
                     for p in predict_model(layers, model, scenario, strict=False, capacity_bytes=capacity):
                         rows.append(
                             {
@@ -66,6 +55,17 @@ def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> lis
                             }
                         )
     return rows
+
+
+def spec_scenario(spec: BenchSpec, algo: Any, workers: int,
+                  placed: dict[tuple[int, int], tuple[int, ...]], **what_if: Any) -> Any:
+    """The Scenario of one of the spec's algorithms at `workers`, placed as `placements` says (none
+    where the cluster cannot place it), with what-ifs (a link rate, a batch)."""
+    from modelling.scenario import Scenario
+
+    s = Scenario.of("spec", algorithm=algo.name.value, comm=algo.comm_mode.value, workers=workers,
+                    servers=spec.servers, **what_if, **Scenario.settings_in(algo.options))
+    return s.model_copy(update={"node_of_rank": placed.get((workers, s.servers))})
 
 
 def placements(spec: BenchSpec, sizes: list[int]) -> dict[tuple[int, int], tuple[int, ...]]:

@@ -113,9 +113,8 @@ def largest_batches(spec: Any, layers_by: dict[str, dict]) -> dict[str, dict[str
     none where the memory is unknown (a remote cluster's, unstated)."""
     from infra import bounds
     from modelling.memory import largest_batch
-    from modelling.scenario import Scenario
     from pipelines.preflight import capacity_bytes
-    from pipelines.stages.grid import placements
+    from pipelines.stages.grid import placements, spec_scenario
 
     workers = max(spec.workers)
     placed = placements(spec, [workers])
@@ -125,9 +124,7 @@ def largest_batches(spec: Any, layers_by: dict[str, dict]) -> dict[str, dict[str
         capacity = capacity_bytes(spec, device)
         row = out.setdefault(workload, {})
         for algo in spec.algorithms:
-            s = Scenario.of("spec", algorithm=algo.name.value, comm=algo.comm_mode.value, workers=workers,
-                            servers=spec.servers, **Scenario.settings_in(algo.options))
-            s = s.model_copy(update={"node_of_rank": placed.get((workers, s.servers))})
+            s = spec_scenario(spec, algo, workers, placed)
             row[algo.label] = (None if capacity is None else
                                largest_batch(layers, s, device, capacity, bounds.BATCH_SIZE.limit))
     return out

@@ -36,7 +36,7 @@ _STATE = ("parameters", "gradients", "optimizer", "buffers")
 _Key = tuple[str, int | None, int]
 
 
-# Set while a model is sized with fake tensors (`meta_memory`): their storages have no address,
+# Set while a model is sized with fake tensors (`fake_memory`): their storages have no address,
 # and their own objects' addresses tell them apart while they live.
 _FAKE = False
 
@@ -209,7 +209,7 @@ def model_memory(net: torch.nn.Module, batch_of: Callable[[int], tuple[torch.Ten
     them): its parameters, gradients and module buffers, counted as the trainer counts them, and
     the bytes its forward and loss save for backward at `batch` and at half of it, as fixed plus
     per-sample bytes. `batch_of(n)` gives n samples on the model's device, the targets None where
-    any will do (class 0 of every output: a model on the meta device, sized without memory)."""
+    any will do (class 0 of every output: a model of fake tensors, sized without memory)."""
     import torch.nn.functional as F
 
     from training.models import logits_of
@@ -240,7 +240,7 @@ def model_memory(net: torch.nn.Module, batch_of: Callable[[int], tuple[torch.Ten
     }
 
 
-def meta_memory(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
+def fake_memory(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
                 options: dict[str, int | None] | None = None) -> dict[str, Any] | None:
     """model_memory of a model built and run on fake CPU tensors (no memory, no time), before
     anything runs (pipelines/preflight.py); None where the model cannot run so. Fake tensors, not
