@@ -17,8 +17,15 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from pipelines.report import comparison, regression_check
-from pipelines.report.regression import check_runs, check_throughput, describe, markdown, prediction_test
+from pipelines.report.regression import (
+    check_runs,
+    check_throughput,
+    describe,
+    markdown,
+    prediction_test,
+    regression_check,
+)
+from pipelines.report.tables import comparison
 from pipelines.spec import RegressionSpec, load_spec
 from tests.homes import copy_home
 from training.config import ConfigError, build_config

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from pipelines.report import best_per_config, comparison, figures
 from pipelines.report.console import (
     comparison_table,
     comparison_tables,
@@ -23,7 +22,8 @@ from pipelines.report.console import (
     fmt_time_to_target,
     language_model_table,
 )
-from pipelines.report.plots import plot_names
+from pipelines.report.plots import figures, plot_names
+from pipelines.report.tables import best_per_config, comparison
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = {"data": 0.001, "forward": 0.002, "backward": 0.004, "comm_exposed": 0.003, "update": 0.001}
@@ -256,7 +256,7 @@ def test_plots_with_one_point_are_not_drawn() -> None:
 
 
 def test_report_of_a_multi_repeat_run_shows_spreads(tmp_path: Path) -> None:
-    from pipelines.report import write_report
+    from pipelines.report.document import write_report
     from pipelines.report.regression import regression_check
     from pipelines.spec import load_spec
 

@@ -53,7 +53,7 @@ def _compared(
     client: Any, experiment_id: str, hardware: str | None, since_ms: int | None, until_ms: int | None
 ) -> Iterator[dict[str, Any]]:
     """compare_runs one run at a time: each run's training children are searched only when asked for."""
-    from pipelines.report import best_per_config, comparison
+    from pipelines.report.tables import best_per_config, comparison
 
     filters = ["tags.`ddlbench.node` = 'pipeline'"]
     if hardware:

@@ -22,15 +22,16 @@ THROUGHPUT = "throughput_samples_per_s"
 
 
 def _check(ctx: RunContext, t: Tracker, trained: list[dict]) -> dict[str, Any]:
-    from pipelines import report as rep
+    from pipelines.report.regression import find_history, injected_delay_ms, regression_check
     from pipelines.report.regression_stats import config_figures
+    from pipelines.report.tables import collect_runs, comparison, host_load
 
     spec = ctx.spec()
     done = trained_dirs(trained)
-    runs = rep.collect_runs(done)
-    history = rep.find_history(t, ctx.as_dict(), spec.regression.history)
-    return rep.regression_check(rep.comparison(runs), None, history, spec.regression,
-                                rep.injected_delay_ms(runs), config_figures(done), host_load=rep.host_load(runs))
+    runs = collect_runs(done)
+    history = find_history(t, ctx.as_dict(), spec.regression.history)
+    return regression_check(comparison(runs), None, history, spec.regression,
+                            injected_delay_ms(runs), config_figures(done), host_load=host_load(runs))
 
 
 def suspects(ctx: RunContext, trained: list[dict]) -> list[dict]:
@@ -55,8 +56,7 @@ def suspects(ctx: RunContext, trained: list[dict]) -> list[dict]:
 def confirm(ctx: RunContext, suspect: dict) -> dict:
     """Rerun one suspect configuration's repeats and test the rerun against the same history:
     `confirmed` if it alarms too (p < confirm_alpha and a slowdown above min_effect)."""
-    from pipelines import report as rep
-    from pipelines.report.regression import check_rerun, history_runs
+    from pipelines.report.regression import check_rerun, find_history, history_runs
     from pipelines.report.regression_components import check_components
     from pipelines.report.regression_stats import config_figures
     from pipelines.stages.train import train
@@ -68,7 +68,7 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
         spec = ctx.spec()
         figures = config_figures(trained_dirs(reruns))
         now = figures.get(PREFIX + config)
-        history = rep.find_history(t, ctx.as_dict(), spec.regression.history) or []
+        history = find_history(t, ctx.as_dict(), spec.regression.history) or []
         past = [r for _, r in history_runs(history, config)]
         out = {"key": suspect["key"], "config": config, "rerun_keys": [r["key"] for r in reruns]}
         if now is None or len(past) < spec.regression.min_history:

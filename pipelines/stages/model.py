@@ -69,7 +69,7 @@ def predict(ctx: RunContext) -> dict:
         notes = sorted({r["note"] for r in rows if r["note"]})
         if notes:
             t.set_tags(node, {"ddlbench.prediction_notes": " | ".join(notes)[:5000]})
-        from pipelines.report import plot_predicted_scaling
+        from pipelines.report.plots import plot_predicted_scaling
 
         t.log_figure(node, plot_predicted_scaling([r for r in rows if r["iter_time_s"] is not None]),
                      "predicted_throughput.png")
@@ -140,7 +140,7 @@ def validate(ctx: RunContext, trained: list[dict]) -> dict:
         t.log_artifact(node, path)
         cols = ("run", "predicted_iter_s", "measured_iter_s", "error", "model_error", "repeat_spread")
         t.log_table(node, columns(result["runs"], cols), "predicted_vs_measured.json")
-        from pipelines.report import plot_predicted_vs_measured
+        from pipelines.report.plots import plot_predicted_vs_measured
 
         t.log_figure(node, plot_predicted_vs_measured(result["runs"]), "predicted_vs_measured.png")
         errors = {k: result[k] for k in _SUMMARY_KEYS}

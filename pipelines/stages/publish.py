@@ -21,24 +21,25 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
     spec = ctx.spec()
 
     def body(t: Tracker, node: str) -> dict:
-        from pipelines import report as rep
+        from pipelines.report import document, plots, regression, tables
 
         out = ctx.paths.report
-        runs = rep.collect_runs(trained_dirs(trained))
+        runs = tables.collect_runs(trained_dirs(trained))
         val_path = validation.get("validation") if validation else None
         val = json.loads(Path(val_path).read_text()) if val_path else None
-        table = rep.comparison(runs)
-        history = rep.find_history(t, ctx.as_dict(), spec.regression.history)
+        table = tables.comparison(runs)
+        history = regression.find_history(t, ctx.as_dict(), spec.regression.history)
         figures = config_figures(trained_dirs(trained))
-        check = rep.regression_check(table, val, history, spec.regression, rep.injected_delay_ms(runs), figures,
-                                     _predictors(ctx, trained), rep.host_load(runs))
+        check = regression.regression_check(table, val, history, spec.regression,
+                                            regression.injected_delay_ms(runs), figures,
+                                            _predictors(ctx, trained), tables.host_load(runs))
         check = apply_confirmations(check, confirmations)
         profile = ctx.paths.hardware_profile  # an onboarding run's, recorded before the report
         largest = json.loads(profile.read_text()).get("largest_batch") if profile.exists() else None
-        md = rep.write_report(out, ctx.as_dict(), spec, runs, table, val, check, largest)
-        for name, fig in rep.figures(runs, table, val).items():
+        md = document.write_report(out, ctx.as_dict(), spec, runs, table, val, check, largest)
+        for name, fig in plots.figures(runs, table, val).items():
             t.log_figure(node, fig, name)
-        t.log_table(node, rep.columns(table), "comparison.json")
+        t.log_table(node, tables.columns(table), "comparison.json")
         t.log_artifact(node, md)
         t.log_artifact(node, out / "report.json")
         t.log_artifact(PARENT, md, "report")
@@ -47,7 +48,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         baseline_key = (check["history_run_keys"] or [None])[0]
         regression_tags = {
             "ddlbench.regression": status,
-            "ddlbench.regression_detail": rep.describe(check),
+            "ddlbench.regression_detail": regression.describe(check),
             "ddlbench.baseline_run_key": baseline_key or "",
             "ddlbench.inject_delay_ms": f"{check['inject_delay_ms']:g}",
             "ddlbench.inject_where": injected_where(runs),
@@ -68,10 +69,10 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
             "report_md": str(md),
             "regressions": check["regressions"],
             "status": status,
-            "detail": rep.describe(check),
+            "detail": regression.describe(check),
             "history_runs": check["history_runs"],
             "baseline_run_key": baseline_key,
-            "best": rep.best_per_config(table),
+            "best": tables.best_per_config(table),
         }
 
     return run_once(ctx, "report", body)
