@@ -120,13 +120,13 @@ def capacity_bytes(spec: BenchSpec, device: str) -> int | None:
 
 
 def _own_memory(cfg: Any) -> dict[str, Any] | None:
-    """The model's own memory figures (a profile's `memory` section), sized on fake tensors: no
-    memory, no time; None where the model cannot run so."""
-    from training.measure.memory import fake_memory
+    """The model's own memory figures (a profile's `memory` section), sized on a few real samples
+    or on fake tensors (training/measure/memory.py `size_memory`); None where neither can."""
+    from training.measure.memory import size_memory
     from training.shape import resolve_input_shape
     from training.text import corpus_vocab
 
-    return fake_memory(cfg.model, resolve_input_shape(cfg), cfg.num_classes or corpus_vocab(cfg.dataset),
+    return size_memory(cfg.model, resolve_input_shape(cfg), cfg.num_classes or corpus_vocab(cfg.dataset),
                        cfg.batch_size, cfg.model_options)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from training.measure.memory import HeldState, MemoryMeter, optimizer_tensors, summarise
@@ -94,16 +96,28 @@ def test_a_models_own_memory_is_its_state_and_saved_bytes_fixed_plus_per_sample(
     assert act["saved_bytes"] == [act["fixed_bytes"] + act["per_sample_bytes"] * n for n in act["batches"]]
 
 
-@pytest.mark.parametrize("name, shape, options", [
-    ("lenet5", (1, 28, 28), None), ("mlp", (1, 8, 8), None), ("resnet20", (3, 32, 32), None),
-    ("gpt-tiny", (1, 1, 16), {"n_layer": 2, "d_model": 24, "n_head": 2, "seq_len": 16})])
-def test_a_model_sized_with_fake_tensors_is_sized_as_on_the_cpu(name: str, shape: tuple[int, int, int],
-                                                                  options: dict | None) -> None:
-    """The preflight's figures (fake tensors: no memory, no time) are the ones a real forward counts."""
-    from training.measure.memory import fake_memory, model_memory
+SIZED = [("lenet5", (1, 28, 28), None), ("mlp", (1, 8, 8), None), ("resnet20", (3, 32, 32), None),
+         ("shufflenet_v2_x0_5", (3, 32, 32), None),
+         ("gpt-tiny", (1, 1, 16), {"n_layer": 2, "d_model": 24, "n_head": 2, "seq_len": 16})]
+
+
+def _saved_at(memory: dict, batch: int) -> float:
+    return memory["activations"]["fixed_bytes"] + memory["activations"]["per_sample_bytes"] * batch
+
+
+@settings(max_examples=12, deadline=None)
+@given(model=st.sampled_from(SIZED), batch=st.integers(4, 40))  # half of it: batch norm needs 2
+def test_a_model_sized_before_it_runs_is_sized_as_its_real_forward_at_the_batch(model, batch: int) -> None:
+    """The preflight's figures, from a few real samples (small models) and from fake tensors (no
+    memory, no time), are the ones a real forward at the run's batch counts."""
+    from training.measure.memory import fake_memory, model_memory, size_memory
     from training.models import build_model, example_input
 
+    name, shape, options = model
     torch.manual_seed(0)
     net = build_model(name, shape, 10, options)
-    real = model_memory(net, lambda n: (example_input(name, shape, n), None), 6)
-    assert fake_memory(name, shape, 10, 6, options) == real
+    real = model_memory(net, lambda n: (example_input(name, shape, n), None), batch)
+    for sized in (size_memory(name, shape, 10, batch, options), fake_memory(name, shape, 10, batch, options)):
+        assert {k: v for k, v in sized.items() if k != "activations"} == \
+            {k: v for k, v in real.items() if k != "activations"}
+        assert _saved_at(sized, batch) == pytest.approx(real["activations"]["saved_bytes"][-1], rel=1e-12)

@@ -227,6 +227,22 @@ def _small(model: nn.Module, input_shape: tuple[int, int, int]) -> bool:
 
 
 @contextmanager
+def sizing_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
+                 options: Mapping[str, int | None] | None = None) -> Iterator[nn.Module | None]:
+    """A model to size (its operations, its bytes) at a few samples of real data, where that is
+    cheap (`_small`); None where it is not, and the caller sizes it on the meta device or fake
+    tensors. The caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with _weights_on_meta():
+                small = _small(build_model(name, input_shape, num_classes, options), input_shape)
+            model = build_model(name, input_shape, num_classes, options).train() if small else None
+        except Exception:  # not buildable so: the caller's own path decides
+            model = None
+        yield model
+
+
+@contextmanager
 def _weights_on_meta() -> Iterator[None]:
     """While a builder runs, each parameter it registers moves to the meta device: weights take
     no memory and their initialisation no time, while the builder's own arithmetic stays real.

@@ -240,12 +240,34 @@ def model_memory(net: torch.nn.Module, batch_of: Callable[[int], tuple[torch.Ten
     }
 
 
+# A small model is sized on this many real samples and half of it: its saved bytes are fixed
+# plus per sample (model_memory's two batches), so two small batches tell the run's.
+SIZING_SAMPLES = 4
+
+
+def size_memory(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
+                options: dict[str, int | None] | None = None) -> dict[str, Any] | None:
+    """model_memory before anything runs (pipelines/preflight.py): on a few real samples where
+    the model is small (training/models.py `sizing_model`: milliseconds), else on fake tensors
+    (`fake_memory`); None where the model can run neither way."""
+    from training.models import example_input, sizing_model
+
+    with sizing_model(name, input_shape, num_classes, options) as small:
+        if small is not None:
+            try:
+                return model_memory(small, lambda n: (example_input(name, input_shape, n), None),
+                                    min(batch, SIZING_SAMPLES))
+            except (RuntimeError, ValueError):  # batch norm at 1 sample: the fake tensors decide
+                pass
+    return fake_memory(name, input_shape, num_classes, batch, options)
+
+
 def fake_memory(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
                 options: dict[str, int | None] | None = None) -> dict[str, Any] | None:
-    """model_memory of a model built and run on fake CPU tensors (no memory, no time), before
-    anything runs (pipelines/preflight.py); None where the model cannot run so. Fake tensors, not
-    the meta device: they dispatch as a CPU tensor does (attention takes the CPU's fused kernel,
-    which saves less than the meta device's reference one)."""
+    """model_memory of a model built and run on fake CPU tensors (no memory, no time; the first
+    use imports torch's compiler stack, about a second); None where the model cannot run so.
+    Fake tensors, not the meta device: they dispatch as a CPU tensor does (attention takes the
+    CPU's fused kernel, which saves less than the meta device's reference one)."""
     global _FAKE
     from torch._subclasses.fake_tensor import FakeTensorMode
 
