@@ -99,7 +99,10 @@ def test_the_largest_batch_fits_and_one_more_does_not(capacity: int, workers: in
 
 
 JOBS = st.one_of(
-    st.builds(dict, model=st.sampled_from(["lenet5", "mlp"]), dataset=st.just("digits")),
+    st.builds(dict, model=st.just("lenet5"), dataset=st.just("digits")),
+    st.builds(dict, model=st.just("resnet20"), dataset=st.just("synthetic"), synthetic_samples=st.just(64)),
+    st.builds(lambda depth, width: {"model": "mlp", "dataset": "digits", "n_layer": depth, "d_model": width},
+              st.integers(1, 4), st.integers(1, 300)),
     st.builds(lambda n, h, w, q: {"model": "gpt-tiny", "dataset": "markov", "n_layer": n, "n_head": h,
                                   "d_model": h * w, "seq_len": q},
               st.integers(1, 3), st.integers(1, 4), st.integers(4, 24), st.integers(4, 48)),

@@ -111,3 +111,17 @@ def test_a_spec_with_bad_gpt_options_fails_before_anything_starts(tmp_path, work
     assert out.exit_code == 2, out.output
     assert message in out.output and "Traceback" not in out.output
     assert list(home.iterdir()) == []
+
+
+@settings(max_examples=10, deadline=None)
+@given(depth=st.integers(1, 5), width=st.integers(1, 64), shape=st.sampled_from([(1, 8, 8), (3, 5, 7)]))
+def test_the_mlp_takes_its_depth_and_width(depth: int, width: int, shape: tuple[int, int, int]) -> None:
+    from training.models import build_model
+
+    cfg = prepare({"model": "mlp", "dataset": "synthetic", "input_shape": shape, "n_layer": depth, "d_model": width,
+                   "steps": 1, "workers": 1}, "test")
+    net = build_model(cfg.model, shape, 10, cfg.model_options)
+    n_in = shape[0] * shape[1] * shape[2]
+    # weights and biases: input to width, depth - 1 of width to width, width to the classes
+    assert sum(p.numel() for p in net.parameters()) == \
+        (n_in + 1) * width + (depth - 1) * (width + 1) * width + (width + 1) * 10

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra import bounds
-from training.gpt_shape import GPT_OPTIONS, GPT_PRESETS, is_gpt
+from training.gpt_shape import GPT_OPTIONS, GPT_PRESETS, OWN_OPTIONS, is_gpt
 
 # The choices of the options below: a member's value is its name, so each is named once.
 Algorithm = StrEnum("Algorithm", ["ssgd", "asgd", "odsgd"])
@@ -74,8 +74,10 @@ class TrainConfig(BaseModel):
     synthetic_samples: int = Field(
         4096, ge=16, le=bounds.SAMPLES.limit,
         description="Training samples of the synthetic datasets (markov: sequences).")
-    n_layer: int | None = Field(None, ge=1, le=1024, description="GPT: transformer blocks (default: the preset's).")
-    d_model: int | None = Field(None, ge=1, le=65536, description="GPT: model width (default: the preset's).")
+    n_layer: int | None = Field(
+        None, ge=1, le=1024, description="GPT: transformer blocks (default: the preset's); mlp: hidden layers (3).")
+    d_model: int | None = Field(
+        None, ge=1, le=65536, description="GPT: model width (default: the preset's); mlp: hidden width (1024).")
     n_head: int | None = Field(None, ge=1, le=1024, description="GPT: attention heads; must divide d_model.")
     seq_len: int | None = Field(
         None, ge=1, le=65536, description="GPT: tokens per sequence, at most the preset's context (default: it).")
@@ -184,7 +186,8 @@ class TrainConfig(BaseModel):
         if (self.steps is None) == (self.epochs is None):
             raise ValueError("steps/epochs: give exactly one of them")
         if not is_gpt(self.model):
-            given = [f for f in GPT_OPTIONS if getattr(self, f) is not None]
+            own = OWN_OPTIONS.get(self.model, ())
+            given = [f for f in GPT_OPTIONS if getattr(self, f) is not None and f not in own]
             if given:
                 raise ValueError(f"{given[0]}: only a GPT model ({', '.join(GPT_PRESETS)}) takes it, not {self.model}")
         elif self.input_shape is not None:
@@ -196,7 +199,7 @@ class TrainConfig(BaseModel):
 
     @property
     def model_options(self) -> dict[str, int | None]:
-        """A GPT's options (None: the preset's)."""
+        """A GPT's options (None: the preset's), or the mlp's depth and width."""
         return {f: getattr(self, f) for f in GPT_OPTIONS}
 
     @property

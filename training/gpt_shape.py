@@ -48,6 +48,8 @@ _PRESETS: dict[str, tuple[int, int, int, int]] = {
 GPT_PRESETS: tuple[str, ...] = tuple(_PRESETS)
 # The options of a GPT workload (TrainConfig fields and spec workload fields).
 GPT_OPTIONS: tuple[str, ...] = ("n_layer", "d_model", "n_head", "seq_len", "vocab_size")
+# The ones ddlbench's own models take besides (training/models.py): the mlp's depth and width.
+OWN_OPTIONS: dict[str, tuple[str, ...]] = {"mlp": ("n_layer", "d_model")}
 
 
 def is_gpt(name: str) -> bool:

@@ -16,22 +16,23 @@ import torch
 from torch import nn
 
 from training.gpt import GPT
-from training.gpt_shape import GPT_PRESETS, is_gpt, preset_seq_len, resolve_shape
+from training.gpt_shape import GPT_PRESETS, OWN_OPTIONS, is_gpt, preset_seq_len, resolve_shape
+
+# The mlp's hidden layers and their width unless a spec says (n_layer, d_model): a few million
+# parameters, a communication-bound model.
+MLP_DEPTH, MLP_WIDTH = 3, 1024
 
 
-def _mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    # Wide hidden layers give a few million parameters: a communication-bound model.
+def _mlp(input_shape: tuple[int, int, int], num_classes: int,
+         options: Mapping[str, int | None] | None = None) -> nn.Module:
+    """`n_layer` hidden layers of `d_model` units, each followed by a ReLU."""
+    depth = (options or {}).get("n_layer") or MLP_DEPTH
+    width = (options or {}).get("d_model") or MLP_WIDTH
     n_in = input_shape[0] * input_shape[1] * input_shape[2]
-    return nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(n_in, 1024),
-        nn.ReLU(),
-        nn.Linear(1024, 1024),
-        nn.ReLU(),
-        nn.Linear(1024, 1024),
-        nn.ReLU(),
-        nn.Linear(1024, num_classes),
-    )
+    layers: list[nn.Module] = [nn.Flatten()]
+    for i in range(depth):
+        layers += [nn.Linear(n_in if i == 0 else width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, num_classes))
 
 
 def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -90,7 +91,7 @@ def _resnet20(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-_OWN: dict[str, tuple[Callable[[tuple[int, int, int], int], nn.Module], tuple[int, int, int] | None]] = {
+_OWN: dict[str, tuple[Callable[..., nn.Module], tuple[int, int, int] | None]] = {
     # name: (builder, natural input shape; None = the dataset's own)
     "mlp": (_mlp, None),
     "lenet5": (_lenet5, (1, 28, 28)),
@@ -136,10 +137,12 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int,
     """A freshly initialised model; seed torch before calling for a reproducible init.
 
     A GPT's `num_classes` is its corpus's vocabulary, `input_shape[2]` its sequence length,
-    and `options` its GPT_OPTIONS (None: the preset's)."""
+    and `options` its GPT_OPTIONS (None: the preset's); the mlp takes its OWN_OPTIONS."""
     check_model_name(name)
     if is_gpt(name):
         return GPT(resolve_shape(name, {**(options or {}), "seq_len": input_shape[2]}, num_classes))
+    if name in OWN_OPTIONS:
+        return _OWN[name][0](input_shape, num_classes, options)
     if name in _OWN:
         return _OWN[name][0](input_shape, num_classes)
     import torchvision

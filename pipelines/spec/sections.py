@@ -96,8 +96,10 @@ class Workload(Section):
     num_classes: int | None = Field(None, ge=2, le=bounds.NUM_CLASSES.limit, description="Classes; default: the "
                                     "dataset's.")
     data_root: Path | None = Field(None, description="Local root of the dataset files.")
-    n_layer: int | None = Field(None, ge=1, le=1024, description="GPT: transformer blocks (default: the preset's).")
-    d_model: int | None = Field(None, ge=1, le=65536, description="GPT: model width (default: the preset's).")
+    n_layer: int | None = Field(
+        None, ge=1, le=1024, description="GPT: transformer blocks (default: the preset's); mlp: hidden layers (3).")
+    d_model: int | None = Field(
+        None, ge=1, le=65536, description="GPT: model width (default: the preset's); mlp: hidden width (1024).")
     n_head: int | None = Field(None, ge=1, le=1024, description="GPT: attention heads (default: the preset's).")
     seq_len: int | None = Field(
         None, ge=1, le=bounds.INPUT_DIM.limit, description="GPT: tokens per sequence (default: the preset's context).")
@@ -127,7 +129,8 @@ class Workload(Section):
 
     @property
     def model_options(self) -> dict[str, int]:
-        """A GPT's options besides seq_len (which is its input shape), as the profile takes them."""
+        """A GPT's options besides seq_len (which is its input shape), or the mlp's, as the profile
+        takes them."""
         return {k: getattr(self, k) for k in GPT_OPTIONS if k != "seq_len" and getattr(self, k) is not None}
 
     def grid_values(self) -> dict[str, Any]:
