@@ -54,6 +54,9 @@ WRONG = [
      "grid[lenet5-ssgd-allreduce-w2-b32-r0].batch_size: lenet5 at a batch of 32 (ssgd over allreduce, 2 workers) "
      "needs "),
     ("a memory that is not a size", ['memory={"device": "lots"}'], "memory.device"),
+    ("a memory snapshot on a CPU", ['train={"memory_snapshot": true}'],
+     "train (workloads[0], workers=2, batch=32).memory_snapshot: a snapshot is the CUDA allocator's history; "
+     "device is cpu"),
     ("a memory past its bound", ['memory={"device": "2PiB"}'], "memory.device"),
 ]
 

@@ -140,6 +140,9 @@ class TrainConfig(BaseModel):
         description="Timeout of every blocking collective or point-to-point op.")
     link_bandwidth: str | None = Field(None, description="Known link rate recorded with results (e.g. 1gbit).")
     save_params: bool = Field(False, description="Write the final parameters to params.pt (for checks).")
+    memory_snapshot: bool = Field(
+        False, description="CUDA: record the allocator's history from the first measured iteration and write "
+        "memory_snapshot.rank<k>.pickle per worker (open it at pytorch.org/memory_viz).")
     checkpoint_every: int = Field(
         0, ge=0, le=bounds.STEPS.limit, description="Checkpoint every K steps (0: never); a rerun resumes.")
     keep_checkpoints: int = Field(
@@ -185,6 +188,9 @@ class TrainConfig(BaseModel):
             raise ValueError(f"servers: comm=allreduce uses no parameter server, got {self.servers}")
         if (self.steps is None) == (self.epochs is None):
             raise ValueError("steps/epochs: give exactly one of them")
+        if self.memory_snapshot and self.device != Device.cuda:
+            raise ValueError(f"memory_snapshot: a snapshot is the CUDA allocator's history; device is "
+                             f"{self.device.value}")
         if not is_gpt(self.model):
             own = OWN_OPTIONS.get(self.model, ())
             given = [f for f in GPT_OPTIONS if getattr(self, f) is not None and f not in own]

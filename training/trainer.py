@@ -93,7 +93,8 @@ class Trainer:
         if self.layer_timer.cpu_clock:
             timeline.cpu_phases = ("update",)
         # Memory on the same iterations: the state the strategy holds and the activations saved.
-        self.memory = MemoryMeter(device, self.strategy.held_state, sampling_every(), cfg.measure_warmup)
+        snapshot = self.out / f"memory_snapshot.rank{self.rank}.pickle" if cfg.memory_snapshot else None
+        self.memory = MemoryMeter(device, self.strategy.held_state, sampling_every(), cfg.measure_warmup, snapshot)
         # A known slowdown in one component, to test the regression alarm (none without a delay).
         inject.install(cfg, self.net, timeline)
 

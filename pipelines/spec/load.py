@@ -80,8 +80,8 @@ def format_spec_error(err: ValidationError, source: str) -> str:
                 msg = msg.replace(whole, excerpt(got))
         shown = "" if isinstance(got, dict) or e["type"] == "value_error" else f" (got {excerpt(got)})"
         # A section's own check names its field first ("options.nodes: ..."): one dotted name.
-        if e["loc"] and e["type"] == "value_error" and (sub := re.match(r"([a-z_][a-z0-9_.]*): ", msg)):
-            loc, msg = f"{loc}.{sub[1]}", msg[sub.end():]
+        if e["type"] == "value_error" and (sub := re.match(r"([a-z_][a-z0-9_.]*): ", msg)):
+            loc, msg = (f"{loc}.{sub[1]}" if e["loc"] else sub[1]), msg[sub.end():]
         lines.append(f"{source}.{loc}: {msg}{shown}")
     return one_error(by_field(lines, "values"))
 

@@ -151,6 +151,8 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
         for name in TRAIN_ARTIFACTS:
             if (out / name).exists():
                 t.log_artifact(node, out / name, "training")
+        for snapshot in sorted(out.glob("memory_snapshot.rank*.pickle")):  # asked for by train.memory_snapshot
+            t.log_artifact(node, snapshot, "memory")
         return {"key": key, "run_dir": str(out), "mlflow_run_id": t.run_id(node), "status": "FINISHED"}
 
     result = run_once(ctx, node, body, node=node, tags=tags)

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,15 +121,21 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# The allocator events a CUDA memory snapshot keeps (torch's own default): the latest ones.
+SNAPSHOT_ENTRIES = 100_000
+
+
 class MemoryMeter:
     """One worker's memory: `forward(t, steps)` around each forward, `collect()` after each
     backward, `result(...)` at the end.
 
     The iterations sampled are the layer timer's (every `every`-th from `warmup` on), or the last
-    one where none of those comes; CUDA's peak is reset at the first measured iteration."""
+    one where none of those comes; CUDA's peak is reset at the first measured iteration, where
+    the allocator's history starts if a `snapshot` file is asked for (written by `result`)."""
 
-    def __init__(self, device: torch.device, held: Callable[[], HeldState], every: int, warmup: int) -> None:
-        self.device, self.held, self.every, self.warmup = device, held, every, warmup
+    def __init__(self, device: torch.device, held: Callable[[], HeldState], every: int, warmup: int,
+                 snapshot: Path | None = None) -> None:
+        self.device, self.held, self.every, self.warmup, self.snapshot = device, held, every, warmup, snapshot
         self.cuda = device.type == "cuda"
         self.counter = ActivationCounter()
         self.state = dict.fromkeys(_STATE, 0)
@@ -140,6 +147,8 @@ class MemoryMeter:
         """Around iteration `step`'s forward and loss: its saved activations counted if sampled."""
         if self.cuda and step == min(self.warmup, steps - 1):
             torch.cuda.reset_peak_memory_stats(self.device)
+            if self.snapshot is not None:
+                torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES)
         if not (sampled(step, self.every, self.warmup) or (step == steps - 1 and self.activations is None)):
             yield
             return
@@ -163,6 +172,9 @@ class MemoryMeter:
     def result(self, rank: int, role: str) -> dict[str, Any]:
         """This rank's figures, after one more look at the state (optimizer state made late)."""
         self._look()
+        if self.cuda and self.snapshot is not None:
+            torch.cuda.memory._dump_snapshot(str(self.snapshot))
+            torch.cuda.memory._record_memory_history(enabled=None)
         return rank_figures(rank, role, self.device, self.state, self.activations or 0)
 
 
