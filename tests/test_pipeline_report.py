@@ -440,3 +440,43 @@ def test_predict_from_a_hardware_label_is_predict_from_its_profiles_files(tmp_pa
     assert none.exit_code == 2 and "no hardware profile of 'no-such-card'" in none.output
     other = runner.invoke(cli, [*args, "--hardware", "new-card", "--workload", "resnet20", "--tracking-uri", uri])
     assert other.exit_code == 2 and "mlp-digits-b32" in other.output and "none is 'resnet20'" in other.output
+
+
+_DOMAINS = st.sampled_from(["validated", "ms-scale iteration with more ranks than cores"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=_MODELS, algos=st.lists(_ALGOS, min_size=1, max_size=6, unique=True), workers=st.sampled_from([1, 2, 16]),
+       seconds=st.floats(1e-4, 30.0), kind=st.sampled_from(["inputs", "calibrated"]), domains=st.lists(_DOMAINS,
+                                                                                                       min_size=6,
+                                                                                                       max_size=6),
+       few=st.booleans())
+def test_a_validation_reads_whole_in_an_80_column_log_with_its_interval_and_domain(
+        model: str, algos: list[str], workers: int, seconds: float, kind: str, domains: list[str], few: bool) -> None:
+    """The terminal's "Predicted vs measured" holds the 80% interval, marks a row outside the
+    validated domain and says why in its caption, and cuts nothing at 80 columns."""
+    import io
+
+    from pipelines.report.console import OUTSIDE, validation_table
+
+    configs = []
+    for k, algo in enumerate(algos):
+        name, comm = (algo.split("-") + ["ps"])[:2]
+        p, m = seconds * (1 + 0.05 * k), seconds * (1.3 - 0.1 * k)
+        configs.append({"model": model, "algorithm": name, "comm": comm, "workers": workers, "repeats": 3,
+                        "predicted_iter_s": p, "measured_iter_s": m, "error": p / m - 1,
+                        "model_error": None if few else p / m - 1.02, "model_error_note": "too few" if few else None,
+                        "model_error_samples": 2, "repeat_spread": 0.031, "interval_kind": kind,
+                        "calibration_runs": 12 if kind == "calibrated" else 0, "interval_low_s": p * 0.8,
+                        "interval_high_s": p * 1.25, "domain": domains[k]})
+    out = io.StringIO()
+    Console(file=out, width=80).print(validation_table({"configs": configs, "median_abs_error": 0.1}))
+    text = out.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    outside = [c for c in configs if c["domain"] != "validated"]
+    assert text.count(OUTSIDE) == len(outside) + (1 if outside else 0)  # each row, and the caption's key
+    assert ("calibrated on 12 earlier" in text) == (kind == "calibrated")
+    for c in configs:
+        for cell in (f"{c['interval_low_s'] * 1e3:.2f}-{c['interval_high_s'] * 1e3:.2f}", f"{c['error']:+.1%}"):
+            assert cell in text, (cell, text)
+    assert ("n/a: 2 in-situ samples, too few" in " ".join(text.split())) == few

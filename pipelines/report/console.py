@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipelines.report.tables import NO_BASELINE
-from pipelines.report.validation import model_error_cell, ms, ms_interval, pct
+from pipelines.report.validation import ms, ms_interval, pct
 
 FASTEST, FIRST = "*", "+"
 LEGEND = (
@@ -218,27 +218,48 @@ def print_summary(summary: dict[str, Any], out: Path | None = None) -> None:
         console.print(f"outputs in {out}")
 
 
-def validation_table(validation: dict[str, Any]) -> Table:
-    """The validate stage's figures for the terminal: per configuration the end-to-end error, the
-    model's error (in-situ compute) and the repeats' spread, with their median and worst."""
-    t = Table(title="Predicted vs measured iteration (ms): end to end (the profile) and model (in-situ compute)",
-              box=box.SIMPLE_HEAD)
-    t.add_column("config", no_wrap=True)
-    for col in ("n", "predicted", "p10-p90", "measured", "end to end", "model", "spread"):
-        t.add_column(col, justify="right", no_wrap=True)
+OUTSIDE = "\u2020"  # marks a prediction outside the domain the model is validated in
 
-    for c in validation.get("configs") or []:
-        lo, hi = c.get("predicted_p10_s"), c.get("predicted_p90_s")
-        t.add_row(f"{c['model']}-{c['algorithm']}-{c['comm']}-w{c['workers']}", str(c["repeats"]),
-                  ms(c["predicted_iter_s"]), ms_interval(lo, hi), ms(c["measured_iter_s"]),
-                  pct(c["error"]), model_error_cell(c), pct(c.get("repeat_spread")))
+
+def validation_table(validation: dict[str, Any]) -> Table:
+    """The validate stage's figures for the terminal: per configuration the prediction with its
+    80% interval (calibrated or the inputs'; marked where the configuration lies outside the
+    model's validated domain), the measurement, the end-to-end error, the model's error (in-situ
+    compute) and the repeats' spread, with their median and worst; whole at 80 columns."""
+    rows = [c | {"config": f"{c['model']}-{c['algorithm']}-{c['comm']}-w{c['workers']}"}
+            for c in validation.get("configs") or []]
+
+    def interval(c: dict[str, Any]) -> str:
+        text = ms_interval(c.get("interval_low_s"), c.get("interval_high_s"))
+        return text + (OUTSIDE if c.get("domain") not in (None, "validated") else "")
+
+    columns: list[tuple[str, str, Any]] = [
+        ("repeats", "same", lambda c: str(c["repeats"])),
+        ("predicted", "words", lambda c: ms(c["predicted_iter_s"])),
+        ("80% interval", "words", interval),
+        ("measured", "words", lambda c: ms(c["measured_iter_s"])),
+        ("end to end", "words", lambda c: pct(c["error"])),
+        ("model", "words", lambda c: "n/a" if c.get("model_error_note") else pct(c.get("model_error"))),
+        ("spread", "words", lambda c: pct(c.get("repeat_spread"))),
+    ]
 
     def ab(k: str) -> str:
         v = validation.get(k)
         return "-" if v is None else f"{v:.1%}"
 
-    t.caption = ("spread: max/min - 1 of the repeats' measured iteration. "
-                 f"|end to end| median {ab('median_abs_error')}, worst {ab('worst_abs_error')}; |model| median "
-                 f"{ab('median_abs_model_error')}, worst {ab('worst_abs_model_error')}; repeat spread median "
-                 f"{ab('median_repeat_spread')}, worst {ab('worst_repeat_spread')}")
-    return t
+    kinds = {c.get("interval_kind") for c in rows} - {None}
+    runs = max((c.get("calibration_runs") or 0 for c in rows), default=0)
+    how = (f"calibrated on {runs} earlier configurations of this hardware" if kinds == {"calibrated"}
+           else "the inputs' spread widened by the model's stated accuracy (too short a history to calibrate)"
+           if kinds == {"inputs"} else "calibrated where this hardware's history allows, else the inputs'")
+    outside = sorted({c["domain"] for c in rows if c.get("domain") not in (None, "validated")})
+    few = sorted({c.get("model_error_samples") for c in rows if c.get("model_error_note")}, key=str)
+    caption = (f"80% interval: {how}"
+               + "".join(f"; {OUTSIDE} outside the validated domain ({d}): interval widened" for d in outside)
+               + ". end to end: the DAG fed with the profile; model: fed with the run's in-situ compute"
+               + (f" (n/a: {', '.join(map(str, few))} in-situ samples, too few to judge)" if few else "") + "; "
+               "spread: max/min - 1 of the repeats' measured iteration. "
+               f"|end to end| median {ab('median_abs_error')}, worst {ab('worst_abs_error')}; |model| median "
+               f"{ab('median_abs_model_error')}, worst {ab('worst_abs_model_error')}; repeat spread median "
+               f"{ab('median_repeat_spread')}, worst {ab('worst_repeat_spread')}")
+    return _figures_table(rows, columns, "Predicted vs measured iteration (ms)", caption)
