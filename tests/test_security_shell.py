@@ -108,6 +108,8 @@ def test_every_slurm_string_option_is_refused_or_one_quoted_word(option, value, 
     if option in ("partition", "account", "time_limit"):
         assert f"--{option.replace('_limit', '')}={value}" in directives
     old, new = shlex.quote(str(SLURM_STRINGS[option] or conf)), shlex.quote(str(value))
+    if option != "slurm_conf":  # the test's own path may hold the baseline ("30" in pytest-302)
+        script, expected = (text.replace(str(conf), "/conf/slurm.conf") for text in (script, expected))
     assert canonical(script) == canonical(expected).replace(old, new)
 
 
