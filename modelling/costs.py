@@ -14,6 +14,10 @@ import numpy as np
 from modelling.fit import CommModelError, sustained_slope
 from modelling.measure.records import migrate_model
 
+# The two largest point-to-point messages keep at least this share of the link's rate between them
+# where the link is their path (past its bucket, both pay the byte time; a fast path pays far less).
+LINK_SLOPE = 0.8
+
 
 class CommCosts:
     """Time of each primitive from a fitted model, with optional bandwidth what-if."""
@@ -24,8 +28,12 @@ class CommCosts:
         except ValueError as err:
             raise CommModelError(str(err)) from None
         self.fits = model["fits"]
-        self.bw = bandwidth_bytes_per_s
         self.link = model["link_bytes_per_s"]  # the stated link rate the fit was checked against
+        # A what-if is another rate than the links the microbenchmark measured: the measured rate
+        # stated again (a spec's network.link_bandwidth) is those links, with what they measured.
+        same = self.link is not None and bandwidth_bytes_per_s is not None and \
+            math.isclose(bandwidth_bytes_per_s, self.link, rel_tol=1e-9)
+        self.bw = None if same else bandwidth_bytes_per_s
         self.environment = model["environment"]
         self.notes: list[str] = []  # what the costs handed out so far assumed in place of a fit
 
@@ -203,6 +211,37 @@ class CommCosts:
         alpha, rate = f["alpha_s"], self._rate(f)
         beta = 1.0 / rate if rate is not None else f["beta_s_per_byte"]
         return lambda m: alpha + m * beta
+
+    def link_burst(self, workers: int, servers: int) -> float:
+        """Seconds of the link's rate that one direction of a node link passes at once after a
+        worker's computation, where `transfer` charges this world's pushes and pulls the link's
+        sustained rate (a fit flagged faster than its link, or a bandwidth equal to the stated
+        one); 0 elsewhere (a measured round holds its bursts already; a what-if rate is other
+        links). A shaped link is a token bucket (tc tbf; a cloud NIC's burst credits): idle, it
+        gathers tokens at its rate up to its bucket, and a message's first bytes up to the
+        tokens pass at the line's speed, so a message of m bytes after a pause takes
+        latency + max(0, m - tokens) / rate. The microbenchmark's point-to-point sends cross the
+        link after the same pause as training's (its gap is the model's compute iteration), so
+        the tokens are the largest message's byte time less what it took past the smallest
+        (which the bucket passes whole), its bucket as training meets it, short by the smallest
+        message's bytes. Only where the largest
+        messages keep the link's rate (their slope within LINK_SLOPE of its byte time) is the
+        path the link: a much faster slope measured another path and says nothing of it."""
+        rate = self.link
+        if not rate or self.bw not in (None, rate) or self.environment.get("nodes", 1) < 2:
+            return 0.0
+        ps = self._nearest("ps", workers, servers)
+        line = ps is None or (ps["primitive"], ps["workers"], ps["servers"]) != ("ps", workers, servers) \
+            or self.bw is not None or not _noisy_only(ps)
+        p2p = self._nearest("p2p", 2)
+        if not line or p2p is None or p2p["measured_s"] is None or len(p2p["sizes"]) < 2:
+            return 0.0
+        order = np.argsort(p2p["sizes"])
+        sizes = np.asarray(p2p["sizes"], dtype=float)[order]
+        times = np.asarray(p2p["measured_s"], dtype=float)[order]
+        if (times[-1] - times[-2]) < LINK_SLOPE * (sizes[-1] - sizes[-2]) / rate:
+            return 0.0
+        return float(max((sizes[-1] - sizes[0]) / rate - (times[-1] - times[0]), 0.0))
 
     def note(self, mark: int = 0) -> str:
         """What the costs handed out since `mark` (a length of `notes`) assumed in place of a fit,

@@ -142,6 +142,10 @@ class Wire:
     # after the shard has returned from sending it, as the microbenchmark timed it; None: the
     # socket's `send_buffer_bytes` at the link's byte time.
     asgd_reply_tail_s: Sequence[Callable[[float], float]] | None = None
+    # Placed, the seconds of the link's rate that one direction of a node link passes at once
+    # after a worker's computation, where transfer_s charges its sustained rate
+    # (CommCosts.link_burst: its token bucket); 0: none, or transfer_s holds it already.
+    link_burst_s: float = 0.0
 
 
 class Fabric:
@@ -228,7 +232,10 @@ class Fabric:
         links = self.links(k, s, push)
         if self.link_class(k, s) == "link":
             latency = min(self.one(k, s, 0), one)
-            return Transfer(latency, m * (one - latency), links)
+            # The direction's bucket, filled while the class computed, passes its share of the
+            # round's first bytes at once; the shards across the link share it.
+            remote = sum(1 for node in self.shard_node if node != self.class_node[k])
+            return Transfer(latency, max(m * (one - latency) - self.w.link_burst_s / remote, 0.0), links)
         if not links:  # within a node: latency only
             return Transfer(m * one, 0.0)
         return Transfer(0.0, m * one, links, self.cpus(k, s), self.copy_s(nbytes, m))

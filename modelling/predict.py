@@ -107,6 +107,7 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
             host_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if not on_cpu else None,
             asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if asgd else None,
             asgd_reply_tail_s=comm.asgd_reply_tail(s.workers, s.servers) if asgd and placed_ps else None,
+            link_burst_s=comm.link_burst(s.workers, s.servers) if placed_ps else 0.0,
         ),
     )
 

@@ -425,8 +425,10 @@ def test_on_an_emulated_cluster_the_hosts_cores_bound_the_iteration_by_measured_
     raw["environment"]["hosts"] = 3
     [real] = predict(TABLE, fit_comm(raw, link_bytes_per_s=LINK), odsgd)
     assert real["host_cpu_bound_s"] == 0.0 and real["iter_time_s"] == pytest.approx(2 * T + SERVER, rel=1e-6)
-    [what_if] = predict(TABLE, comm, odsgd.model_copy(update={"bandwidth_bytes_per_s": LINK}))
-    assert what_if["host_cpu_bound_s"] == 0.0
+    [what_if] = predict(TABLE, comm, odsgd.model_copy(update={"bandwidth_bytes_per_s": LINK / 2}))
+    assert what_if["host_cpu_bound_s"] == 0.0  # other links, other hosts: nothing measured here holds
+    [stated] = predict(TABLE, comm, odsgd.model_copy(update={"bandwidth_bytes_per_s": LINK}))
+    assert stated == predict(TABLE, comm, odsgd)[0]  # the measured links' rate stated again: those links
 
 
 def _one_host_comm(node_of_rank: tuple[int, ...]) -> dict:
@@ -549,8 +551,9 @@ def test_asgd_replies_stay_on_the_link_for_the_tail_the_microbenchmark_measured(
     held = 2**21 * BETA
     assert 2 * (2 * half - held + APPLY) < COMPUTE + 2 * half + APPLY + UNPACK
     assert socket["iter_time_s"] == pytest.approx(COMPUTE + 2 * half + APPLY + UNPACK, rel=1e-6)
-    # A what-if bandwidth (other links) uses no tail measured on these.
-    assert build_costs(TABLE, CommCosts(model, LINK), scenario).wire.asgd_reply_tail_s is None
+    # A what-if bandwidth (other links) uses no tail measured on these; their own rate stated is them.
+    assert build_costs(TABLE, CommCosts(model, LINK / 2), scenario).wire.asgd_reply_tail_s is None
+    assert build_costs(TABLE, CommCosts(model, LINK), scenario).wire.asgd_reply_tail_s is not None
 
 
 def test_asgd_passes_as_the_microbenchmark_timed_them_in_asgds_own_pattern() -> None:
@@ -718,3 +721,59 @@ def test_every_placement_times_each_link_class_it_uses(workers, servers, nodes, 
     if "loopback" in pairs:
         a, b = pairs["loopback"]
         assert node_of_rank[a] == node_of_rank[b]
+
+
+def _bucket_comm(bucket: float, rate: float, nodes: int = 2) -> dict:
+    """A microbenchmark across a shaped link whose token bucket of `bucket` bytes refills in
+    the gap: every send of m bytes takes ALPHA + max(0, m - bucket) / rate; the ps round too,
+    so its fit is flagged faster than the link and its transfers are charged the link's rate."""
+    raw = _ps_comm(_placed(2, 1, nodes, "colocated"))
+    for row in raw["measurements"]:
+        if row["primitive"] in ("p2p", "ps"):
+            one = ALPHA + max(0.0, row["bytes"] / (2 if row["primitive"] == "ps" else 1) - bucket) / rate
+            row["median_s"] = row["times_s"][0] = one * (2 if row["primitive"] == "ps" else 1)
+    return raw
+
+
+@settings(max_examples=30, deadline=None)
+@given(bucket_mb=st.floats(1.2, 6.0), gbit=st.floats(0.1, 10.0))
+def test_a_links_token_bucket_is_measured_by_the_largest_sends_past_their_latency(bucket_mb: float,
+                                                                                  gbit: float) -> None:
+    """The bucket the sends meet after the gap: the largest send's byte time less what it took past
+    the smallest; none for another rate (what-if links), another path (sends faster than
+    the link), or one node."""
+    rate, bucket = gbit * 1e9 / 8, bucket_mb * 2**20
+    model = fit_comm(_bucket_comm(bucket, rate), link_bytes_per_s=rate)
+    ps = next(f for f in model["fits"] if f["primitive"] == "ps")
+    assert not ps["usable"]  # the bucket tilts the round's slope below the link's byte time
+    burst = (bucket - SIZES[0]) / rate  # short by the smallest send's bytes, which the bucket passed
+    assert CommCosts(model).link_burst(2, 1) == pytest.approx(burst, rel=1e-9)
+    assert CommCosts(model, rate).link_burst(2, 1) == pytest.approx(burst, rel=1e-9)
+    assert CommCosts(model, rate / 2).link_burst(2, 1) == 0.0
+    fast = fit_comm(_bucket_comm(bucket, rate * 10), link_bytes_per_s=rate)
+    assert CommCosts(fast).link_burst(2, 1) == 0.0
+    one = _bucket_comm(bucket, rate)
+    one["environment"]["nodes"] = 1
+    assert CommCosts(fit_comm(one, link_bytes_per_s=rate)).link_burst(2, 1) == 0.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(bucket_mb=st.floats(0.0, 6.0), gbit=st.floats(0.1, 10.0))
+def test_a_transfer_across_the_link_holds_it_for_its_bytes_past_the_bucket(bucket_mb: float, gbit: float) -> None:
+    """SSGD-PS, the shard beside worker 0: worker 1's push and pull each hold the link for their
+    bytes' time less the bucket the link gathered while the worker computed, never less than 0."""
+    from modelling.fabric import Fabric
+
+    rate, bucket = gbit * 1e9 / 8, bucket_mb * 2**20
+    raw = _bucket_comm(bucket, rate) if bucket_mb > 1.2 else _ps_comm(_placed(2, 1, 2, "colocated"))
+    scenario = Scenario.of("t", algorithm="ssgd", comm="ps", workers=2, servers=1,
+                           node_of_rank=_placed(2, 1, 2, "colocated"))
+    costs = build_costs(TABLE, CommCosts(fit_comm(raw, link_bytes_per_s=rate)), scenario)
+    fab = Fabric(costs, 2, 1)
+    remote = next(k for k in range(len(fab.mult)) if fab.link_class(k, 0) == "link")
+    burst = costs.wire.link_burst_s
+    assert burst == (pytest.approx((bucket - SIZES[0]) / rate, rel=1e-9) if bucket_mb > 1.2 else 0.0)
+    for push in (True, False):
+        t = fab.ps(remote, 0, push)
+        one = costs.wire.transfer_s(fab.shard_bytes[0])
+        assert t.wire_s == pytest.approx(max(one - t.latency_s - burst, 0.0), rel=1e-9, abs=1e-12)
