@@ -476,7 +476,8 @@ def test_every_scenario_of_the_family_predicts_within_its_bounds_or_says_why(cas
     comm the communication-only schedule's mean period over the worker classes (the shards'
     work included) and comm_max its slowest class's: max(compute, comm) <= iteration <=
     compute + comm_max, unless the host's cores set the pace (then iteration =
-    host_cpu_bound_s). Or a stated no-prediction; never an exception.
+    host_cpu_bound_s); where ranks share fewer cores, comm_max stretched by ranks / cores. Or a
+    stated no-prediction; never an exception.
 
     Where ASGD's classes keep paces of their own (comm_max > comm: a colocated shard's own
     workers beside remote ones), the mean of the paces need not reach comm: without compute
@@ -515,7 +516,14 @@ def test_every_scenario_of_the_family_predicts_within_its_bounds_or_says_why(cas
     if r["host_cpu_bound_s"] >= t * (1 - 1e-12):
         assert t == pytest.approx(r["host_cpu_bound_s"])
     else:
-        assert t <= (compute + comm_max) * (1 + 1e-4) + 1e-12
+        # Ranks sharing fewer cores of one host: the communication-only schedule's CPU tasks (a
+        # shard's update) run at full speed, in the full one beside the others' compute at no
+        # less than cores / ranks of it (modelling/cores.py), so comm may stretch by that much.
+        env = raw.get("environment") or {}
+        ranks = fields["workers"] + fields["servers"]
+        cores = env.get("cpu_count") if env.get("hosts") == 1 else None
+        stretch = max(1.0, ranks / cores) if cores else 1.0
+        assert t <= (compute + comm_max * stretch) * (1 + 1e-4) + 1e-12
 
 
 def test_a_pipeline_is_read_once_its_backlog_has_built_up() -> None:
