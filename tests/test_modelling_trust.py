@@ -89,17 +89,17 @@ def _recorded_pairs() -> list[dict[str, float]]:
 def test_calibrated_intervals_cover_held_out_recorded_configurations() -> None:
     """Hold out each recorded configuration, calibrate on the rest: the 80% intervals cover
     70-90% of the held-out ones. On n scores with no ties, leave-one-out coverage of split
-    conformal is ceil(n * 0.8) / n by construction (7/8 here); the test holds the mechanism (the
+    conformal is ceil(n * 0.8) / n by construction (10/12 here); the test holds the mechanism (the
     score, the quantile's index, the interval around the point) to it on real pairs."""
     from modelling.calibration import interval, scores
 
     pairs = _recorded_pairs()
-    assert len(pairs) == 8
+    assert len(pairs) == 12
     covered = []
     for i, held in enumerate(pairs):
         rest = scores(pairs[:i] + pairs[i + 1:])
         band = interval(held["predicted_iter_s"], None, None, rest)
-        assert band["interval_kind"] == "calibrated" and band["calibration_runs"] == 7
+        assert band["interval_kind"] == "calibrated" and band["calibration_runs"] == 11
         covered.append(band["interval_low_s"] <= held["measured_iter_s"] <= band["interval_high_s"])
     assert 0.7 <= sum(covered) / len(covered) <= 0.9, covered
 
@@ -168,7 +168,7 @@ def test_the_validation_history_is_read_from_earlier_validate_runs() -> None:
     tracker = SimpleNamespace(online=True, client=Client(), experiment_id=lambda: "1")
     rows = validation_history(tracker, "cpu-local")
     assert rows == configs["a"] + configs["b"]  # the injected run is no measurement of the hardware
-    assert len(history_scores(tracker, "cpu-local")) == 8
+    assert len(history_scores(tracker, "cpu-local")) == 12
     assert validation_history(SimpleNamespace(online=False), "cpu-local") == []
 
 
