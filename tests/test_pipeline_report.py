@@ -480,3 +480,83 @@ def test_a_validation_reads_whole_in_an_80_column_log_with_its_interval_and_doma
         for cell in (f"{c['interval_low_s'] * 1e3:.2f}-{c['interval_high_s'] * 1e3:.2f}", f"{c['error']:+.1%}"):
             assert cell in text, (cell, text)
     assert ("n/a: 2 in-situ samples, too few" in " ".join(text.split())) == few
+
+
+def _texts_overlap_nowhere_and_points_lie_inside(fig: Any) -> None:
+    """No two visible texts of `fig` overlap (matplotlib's own extents, drawn), and every data
+    point of every line and scatter lies inside its axes' limits."""
+    import itertools
+
+    import matplotlib.collections
+    import matplotlib.text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()
+             and t.get_figure() is fig]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    for (a, ba), (b, bb) in itertools.combinations(boxes, 2):
+        assert not ba.overlaps(bb) or ba.contains(*bb.min) and ba.contains(*bb.max) and a == b, (a, b)
+    for ax in fig.axes:
+        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+        for line in ax.get_lines():
+            if line.get_linestyle() == "--":  # a guide (the target, predicted = measured), not data
+                continue
+            for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True):
+                assert x0 <= x <= x1 and y0 <= y <= y1, (ax.get_title(), line.get_label(), x, y)
+        for coll in ax.collections:
+            if not isinstance(coll, matplotlib.collections.PathCollection):  # a band, error bars
+                continue
+            for x, y in coll.get_offsets():
+                assert x0 <= x <= x1 and y0 <= y <= y1, (ax.get_title(), x, y)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(1, 8), base=st.floats(0.5, 500.0), spread=st.floats(0.0, 0.02),
+       lm=st.booleans(), names=st.sampled_from(["m", "gpt-mini-L3-d192-h3-T96-markov"]))
+def test_every_report_figure_reads_its_labels_apart_and_holds_its_points(n: int, base: float, spread: float,
+                                                                         lm: bool, names: str) -> None:
+    """Predicted vs measured with n configurations whose points nearly coincide, the curves of an
+    image or a language model's repeats, and the predicted scaling with what it assumes: no label
+    on another, no point outside its axes."""
+    import matplotlib.pyplot as plt
+
+    from pipelines.report.plots import plot_predicted_scaling, plot_predicted_vs_measured
+
+    algos = ["ssgd-allreduce", "ssgd-ps", "asgd-ps", "odsgd-ps"]
+    rows = [{"run": f"{names}-{algos[i % 4]}-w{2 + i // 4}-b32-r0", "measured_iter_s": base * (1 + spread * i) / 1e3,
+             "predicted_iter_s": base * (1 + 1.5 * spread * i) / 1e3, "error": 1.5 * spread,
+             "model_predicted_iter_s": base * 1.01 / 1e3, "model_error": 0.01,
+             "interval_low_s": base * 0.9 / 1e3, "interval_high_s": base * 1.2 / 1e3} for i in range(n)]
+    fig = plot_predicted_vs_measured(rows)
+    _texts_overlap_nowhere_and_points_lie_inside(fig)
+    key = fig.axes[1].texts[0].get_text()
+    assert all(f"{i}  {r['run']}" in key for i, r in enumerate(rows, start=1))
+    plt.close(fig)
+
+    runs = []
+    for w in (1, 2):
+        for i in range(2):
+            run = _run("ssgd-allreduce", w, 100.0 * w, i, model=names,
+                       curve=[(t * w + i, 0.2 + 0.1 * t) for t in range(1, 5)])
+            if lm:
+                run["summary"] |= {"language_model": {"seq_len": 96}, "target_loss": 2.7}
+                run["test_loss_curve"] = [(t * w + i, 4.0 - 0.3 * t) for t in range(1, 5)]
+            runs.append(run)
+    table = comparison(runs)
+    figs = figures(runs, table, None)
+    assert ("loss_vs_time.png" in figs) == lm and ("accuracy_vs_time.png" in figs) != lm
+    curve = figs["loss_vs_time.png" if lm else "accuracy_vs_time.png"]
+    assert curve.axes[0].get_ylabel().startswith("test loss" if lm else "test accuracy")
+    targets = [line.get_ydata()[0] for line in curve.axes[0].get_lines() if line.get_label().startswith("target")]
+    assert targets == [2.7 if lm else 0.5]
+    _texts_overlap_nowhere_and_points_lie_inside(curve)
+
+    scaling = plot_predicted_scaling(
+        [{"workload": names, "algorithm": a, "batch_size": 32, "workers": w, "link_bandwidth": "measured",
+          "throughput_samples_per_s": 100.0 * w ** 0.9} for a in algos[:2] for w in (2, 4, 8, 16)],
+        "links of 400mbit; 2 netns nodes, shards colocated (a larger world on a cluster like it)")
+    assert "links of 400mbit; 2 netns nodes" in scaling.axes[0].get_title()
+    _texts_overlap_nowhere_and_points_lie_inside(scaling)
+    for f in (curve, scaling, *figs.values()):
+        plt.close(f)

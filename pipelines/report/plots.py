@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipelines.report.tables import PHASES  # noqa: E402
 
@@ -25,11 +26,17 @@ def _by_algorithm(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     return {k: sorted(v, key=lambda r: r["workers"]) for k, v in out.items() if len(v) > 1}
 
 
-def _curves(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Lines of the accuracy plot: the repeats of each config with at least two evaluations."""
+def _language_model(run: dict[str, Any]) -> bool:
+    return bool(run["summary"].get("language_model"))
+
+
+def _curves(runs: list[dict[str, Any]], lm: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Lines of the image models' accuracy plot (`lm`: the language models' test-loss plot): the
+    repeats of each config with at least two evaluations."""
+    key = "test_loss_curve" if lm else "accuracy_curve"
     out: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
-        if len(r["accuracy_curve"]) > 1:
+        if _language_model(r) == lm and len(r.get(key) or []) > 1:
             out.setdefault(r["config"], []).append(r)
     return out
 
@@ -54,6 +61,8 @@ def plot_names(runs: list[dict[str, Any]], table: list[dict[str, Any]], validati
         names.append("throughput_scaling.png")
     if _curves(runs):
         names.append("accuracy_vs_time.png")
+    if _curves(runs, lm=True):
+        names.append("loss_vs_time.png")
     if table:
         names.append("iteration_breakdown.png")
     if validation and validation.get("runs"):
@@ -70,7 +79,9 @@ def figures(
     if "throughput_scaling.png" in names:
         figs["throughput_scaling.png"] = _plot_scaling(table)
     if "accuracy_vs_time.png" in names:
-        figs["accuracy_vs_time.png"] = _plot_accuracy(runs)
+        figs["accuracy_vs_time.png"] = _plot_curves(runs, lm=False)
+    if "loss_vs_time.png" in names:
+        figs["loss_vs_time.png"] = _plot_curves(runs, lm=True)
     if "iteration_breakdown.png" in names:
         figs["iteration_breakdown.png"] = _plot_breakdown(table)
     if "predicted_vs_measured.png" in names:
@@ -114,21 +125,24 @@ def _plot_scaling(table: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def _plot_accuracy(runs: list[dict[str, Any]]) -> Any:
-    """Test accuracy against wall-clock, one panel per world size and one line per algorithm
-    (model, batch): the median over repeats, the band their min-max."""
-    curves = _curves(runs)
+def _plot_curves(runs: list[dict[str, Any]], lm: bool) -> Any:
+    """An image model's test accuracy (a language model's test loss) against wall-clock, one
+    panel per world size and one line per algorithm (model, batch): the median over repeats,
+    the band their min-max, the target as a dashed line."""
+    curves = _curves(runs, lm)
+    what, key, target_key = (("test loss", "test_loss_curve", "target_loss") if lm
+                             else ("test accuracy", "accuracy_curve", "target_accuracy"))
     sizes = sorted({rs[0]["workers"] for rs in curves.values()})
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes) + 1, 4.5), squeeze=False, sharey=True)
     algos = sorted({re.sub(r"-w\d+-", "-", c) for c in curves})
     colors = {a: f"C{i % 10}" for i, a in enumerate(algos)}  # an algorithm keeps its colour across panels
-    targets = {r["summary"].get("target_accuracy") for r in runs} - {None}
+    targets = {r["summary"].get(target_key) for rs in curves.values() for r in rs} - {None}
     for ax, n in zip(axes[0], sizes, strict=True):
         for config, rs in curves.items():
             if rs[0]["workers"] != n:
                 continue
             label = re.sub(r"-w\d+-b\d+$", "", config) + f" b{rs[0]['batch_size']} (n={len(rs)})"
-            t, med, lo, hi = _median_curve([r["accuracy_curve"] for r in rs])
+            t, med, lo, hi = _median_curve([r[key] for r in rs])
             color = colors[re.sub(r"-w\d+-", "-", config)]
             ax.plot(t, med, marker="o", ms=3, label=label, color=color)
             if len(rs) > 1:
@@ -137,8 +151,8 @@ def _plot_accuracy(runs: list[dict[str, Any]]) -> Any:
             ax.axhline(target, ls="--", color="gray", label=f"target {target:g}")
         ax.set(xlabel="wall-clock (s)", title=f"{n} worker{'s' if n > 1 else ''}")
         ax.legend(fontsize=6)
-    axes[0][0].set(ylabel="test accuracy (median, min-max band)")
-    fig.suptitle("Accuracy against wall-clock")
+    axes[0][0].set(ylabel=f"{what} (median, min-max band)")
+    fig.suptitle(f"{what.capitalize()} against wall-clock")
     return fig
 
 
@@ -156,39 +170,69 @@ def _plot_breakdown(table: list[dict[str, Any]]) -> Any:
 
 
 def plot_predicted_vs_measured(runs: list[dict[str, Any]]) -> Any:
-    """Predicted against measured iteration time, each run with its prediction's p10-p90 as an
-    error bar and labelled with its end-to-end and model errors; the in-situ (model) prediction
-    beside it as a hollow marker."""
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    """Predicted against measured iteration time, each run numbered at its point with its
+    prediction's 80% interval as an error bar (p10-p90 where a row has none) and the in-situ
+    (model) prediction beside it as a hollow marker; the numbers' key, with each run's
+    end-to-end and model errors, is a table beside the axes, so no label lies on another. The
+    axes span the points, not 0."""
+    fig, (ax, key) = plt.subplots(1, 2, figsize=(9.5, 5), gridspec_kw={"width_ratios": [5, 4]})
     pts = [r for r in runs if r.get("predicted_iter_s") is not None and r.get("measured_iter_s") is not None]
     xs = [r["measured_iter_s"] * 1e3 for r in pts]
     ys = [r["predicted_iter_s"] * 1e3 for r in pts]
-    lo = [max(y - (r.get("predicted_p10_s") or r["predicted_iter_s"]) * 1e3, 0.0) for r, y in zip(pts, ys, strict=True)]
-    hi = [max((r.get("predicted_p90_s") or r["predicted_iter_s"]) * 1e3 - y, 0.0) for r, y in zip(pts, ys, strict=True)]
-    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label="end to end (profile), p10-p90")
+
+    def bound(r: dict[str, Any], side: str) -> float:
+        v = r.get(f"interval_{side}_s") or r.get("predicted_p10_s" if side == "low" else "predicted_p90_s")
+        return (v or r["predicted_iter_s"]) * 1e3
+
+    lo = [max(y - bound(r, "low"), 0.0) for r, y in zip(pts, ys, strict=True)]
+    hi = [max(bound(r, "high") - y, 0.0) for r, y in zip(pts, ys, strict=True)]
+    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label="end to end (profile), 80% interval")
     own = [(x, r["model_predicted_iter_s"] * 1e3)
            for r, x in zip(pts, xs, strict=True) if r.get("model_predicted_iter_s")]
     if own:
         ax.scatter(*zip(*own, strict=True), facecolors="none", edgecolors="C1", label="model (in-situ compute)")
-    for r, x, y in zip(pts, xs, ys, strict=True):
+    lines, numbers = [], []
+    for i, (r, x, y) in enumerate(zip(pts, xs, ys, strict=True), start=1):
+        numbers.append(ax.annotate(str(i), (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7))
         model = f", model {r['model_error']:+.0%}" if r.get("model_error") is not None else ""
-        ax.annotate(f"{r['run']} ({r['error']:+.0%}{model})", (x, y), fontsize=6)
-    top = max(xs + [y + h for y, h in zip(ys, hi, strict=True)] + [y for _, y in own] + [1e-3]) * 1.1
-    ax.plot([0, top], [0, top], ls="--", color="gray", label="predicted = measured")
-    ax.set(
-        xlabel="measured iteration (ms)",
-        ylabel="predicted iteration (ms)",
-        title="Predicted vs measured",
-        xlim=(0, top),
-        ylim=(0, top),
-    )
-    ax.legend(fontsize=7)
+        lines.append(f"{i}  {r['run']}\n    {r['error']:+.1%} end to end{model}")
+    values = xs + [y - d for y, d in zip(ys, lo, strict=True)] + [y + d for y, d in zip(ys, hi, strict=True)]
+    values += [y for _, y in own]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    pad = max(high - low, high * 0.05, 1e-6) * 0.08
+    low, high = max(low - pad, 0.0), high + pad
+    ax.plot([low, high], [low, high], ls="--", color="gray", label="predicted = measured")
+    ax.set(xlabel="measured iteration (ms)", ylabel="predicted iteration (ms)", title="Predicted vs measured",
+           xlim=(low, high), ylim=(low, high))
+    ax.legend(fontsize=7, loc="upper left")
+    ax.xaxis.set_major_locator(MaxNLocator(6, prune="lower"))  # its first label would meet the y axis's
+    key.axis("off")
+    key.text(0.0, 1.0, "\n".join(lines) or "no predicted run", va="top", ha="left", fontsize=7,
+             family="monospace", transform=key.transAxes)
+    fig.tight_layout()
+    _apart(fig, numbers)
     return fig
 
 
-def plot_predicted_scaling(rows: list[dict[str, Any]]) -> Any:
-    """Predicted throughput against workers, per workload and algorithm, at the measured link."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+def _apart(fig: Any, labels: list[Any]) -> None:
+    """Moves each point's number up, in steps of its height, until it meets no number placed
+    before it: points that (nearly) coincide get their numbers stacked beside them."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        while any(box.overlaps(b) for b in placed):
+            dx, dy = label.get_position()
+            label.set_position((dx, dy + box.height * 72 / fig.dpi + 1))
+            box = label.get_window_extent(renderer)
+        placed.append(box)
+
+
+def plot_predicted_scaling(rows: list[dict[str, Any]], assumes: str | None = None) -> Any:
+    """Predicted throughput against workers, per workload and algorithm, at the measured link;
+    `assumes` (the link rate, the nodes, the ranks per node and the placement) under the title."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.4))
     lines: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         if r["link_bandwidth"] in ("measured",) or not any(o["link_bandwidth"] == "measured" for o in rows):
@@ -197,7 +241,9 @@ def plot_predicted_scaling(rows: list[dict[str, Any]]) -> Any:
             )
     for label, pts in lines.items():
         ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=label)
-    ax.set(xlabel="workers", ylabel="predicted throughput (samples/s)", title="Predicted scaling")
+    ax.set(xlabel="workers", ylabel="predicted throughput (samples/s)")
+    ax.set_title("Predicted scaling" + (f"\n{assumes}" if assumes else ""), fontsize=9)
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=7)
+    fig.tight_layout()
     return fig

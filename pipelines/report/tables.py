@@ -54,6 +54,7 @@ def collect_runs(trained: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "summary": s,
                 "loss_curve": [(r["time_s"], r["loss"]) for r in metrics if r.get("loss") is not None],
                 "accuracy_curve": [(r["time_s"], r["accuracy"]) for r in metrics if r.get("accuracy") is not None],
+                "test_loss_curve": [(r["time_s"], r["test_loss"]) for r in metrics if r.get("test_loss") is not None],
             }
         )
     return runs

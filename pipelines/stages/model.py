@@ -71,8 +71,8 @@ def predict(ctx: RunContext) -> dict:
             t.set_tags(node, {"ddlbench.prediction_notes": " | ".join(notes)[:5000]})
         from pipelines.report.plots import plot_predicted_scaling
 
-        t.log_figure(node, plot_predicted_scaling([r for r in rows if r["iter_time_s"] is not None]),
-                     "predicted_throughput.png")
+        t.log_figure(node, plot_predicted_scaling([r for r in rows if r["iter_time_s"] is not None],
+                                                  assumptions(spec)), "predicted_throughput.png")
         return {"predictions": str(path), "skipped": False, "count": len(rows), "no_prediction": len(missing)}
 
     return run_once(ctx, "predict", body)
@@ -153,3 +153,20 @@ def validate(ctx: RunContext, trained: list[dict]) -> dict:
         return {"validation": str(path), "skipped": False, **errors}
 
     return run_once(ctx, "validate", body)
+
+
+def assumptions(spec: Any) -> str:
+    """What the grid's predictions assume, in a line: the link, the nodes and ranks per node as
+    the spec's provider places a job, the shards' placement; past the cluster, one like it."""
+    opts = spec.provider.options or {}
+    link = f"links of {spec.network.link_bandwidth}" if spec.network.link_bandwidth else "the measured network"
+    if spec.provider.name == "local":
+        where = "every rank on this host"
+    else:
+        nodes = opts.get("nodes")
+        where = f"{nodes} {spec.provider.name} node{'s' if nodes != 1 else ''}" if nodes else spec.provider.name
+        if per := opts.get("devices_per_node") or opts.get("gpus_per_node"):
+            where += f", {per} workers a node"
+        if spec.servers:
+            where += f", shards {opts.get('placement', 'colocated')}"
+    return f"{link}; {where} (a larger world on a cluster like it)"
