@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from modelling.fit import CommModelError, sustained_slope
+from modelling.fit import PHYSICS_TOLERANCE, CommModelError, sustained_slope
 from modelling.measure.records import migrate_model
 
-# The two largest point-to-point messages keep at least this share of the link's rate between them
-# where the link is their path (past its bucket, both pay the byte time; a fast path pays far less).
-LINK_SLOPE = 0.8
+# The two largest point-to-point messages pay the link's byte time between them, to what noise
+# leaves (fit.PHYSICS_TOLERANCE), where the link is their path past its bucket; a faster slope is
+# another path, or a link faster than stated, and no bucket.
+LINK_SLOPE = 1.0 - PHYSICS_TOLERANCE
 
 
 class CommCosts:
@@ -215,26 +216,27 @@ class CommCosts:
     def link_burst(self, workers: int, servers: int) -> float:
         """Seconds of the link's rate that one direction of a node link passes at once after a
         worker's computation, where `transfer` charges this world's pushes and pulls the link's
-        sustained rate (a fit flagged faster than its link, or a bandwidth equal to the stated
-        one); 0 elsewhere (a measured round holds its bursts already; a what-if rate is other
-        links). A shaped link is a token bucket (tc tbf; a cloud NIC's burst credits): idle, it
-        gathers tokens at its rate up to its bucket, and a message's first bytes up to the
-        tokens pass at the line's speed, so a message of m bytes after a pause takes
-        latency + max(0, m - tokens) / rate. The microbenchmark's point-to-point sends cross the
-        link after the same pause as training's (its gap is the model's compute iteration), so
-        the tokens are the largest message's byte time less what it took past the smallest
-        (which the bucket passes whole), its bucket as training meets it, short by the smallest
-        message's bytes. Only where the largest
-        messages keep the link's rate (their slope within LINK_SLOPE of its byte time) is the
-        path the link: a much faster slope measured another path and says nothing of it."""
+        rate (no measured round of this world to follow: its fit flagged faster than the link);
+        0 elsewhere (a measured round holds its bursts already; a what-if rate is other links).
+        A shaped link is a token bucket (tc tbf; a cloud NIC's burst credits): idle, it gathers
+        tokens at its rate up to its bucket, and a message's first bytes up to the tokens pass at
+        the line's speed, so a message of m bytes after a pause takes latency + max(0, m -
+        tokens) / rate. The microbenchmark's point-to-point sends cross the link after the same
+        pause as training's (its gap is the model's compute iteration), so the tokens are the
+        largest send's byte time less what it took past the smallest (which the bucket passes
+        whole): the bucket as training meets it, short by the smallest send's bytes. Only where
+        the two largest sends pay the link's byte time between them (past the bucket, to
+        LINK_SLOPE) is that a bucket: sends faster than that crossed another path, or a link
+        faster than stated, whose line no bucket explains; a bucket past the second largest send
+        is not read (no line past it), and the sends are charged the rate as before."""
         rate = self.link
-        if not rate or self.bw not in (None, rate) or self.environment.get("nodes", 1) < 2:
+        if not rate or self.bw is not None or self.environment.get("nodes", 1) < 2:
             return 0.0
         ps = self._nearest("ps", workers, servers)
-        line = ps is None or (ps["primitive"], ps["workers"], ps["servers"]) != ("ps", workers, servers) \
-            or self.bw is not None or not _noisy_only(ps)
+        if ps is not None and (ps["workers"], ps["servers"]) == (workers, servers) and _noisy_only(ps):
+            return 0.0
         p2p = self._nearest("p2p", 2)
-        if not line or p2p is None or p2p["measured_s"] is None or len(p2p["sizes"]) < 2:
+        if p2p is None or p2p["measured_s"] is None or len(p2p["sizes"]) < 2:
             return 0.0
         order = np.argsort(p2p["sizes"])
         sizes = np.asarray(p2p["sizes"], dtype=float)[order]

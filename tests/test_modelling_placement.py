@@ -736,7 +736,7 @@ def _bucket_comm(bucket: float, rate: float, nodes: int = 2) -> dict:
 
 
 @settings(max_examples=30, deadline=None)
-@given(bucket_mb=st.floats(1.2, 6.0), gbit=st.floats(0.1, 10.0))
+@given(bucket_mb=st.floats(1.2, 3.9), gbit=st.floats(0.1, 10.0))  # both largest sends (4, 16 MiB) past it
 def test_a_links_token_bucket_is_measured_by_the_largest_sends_past_their_latency(bucket_mb: float,
                                                                                   gbit: float) -> None:
     """The bucket the sends meet after the gap: the largest send's byte time less what it took past
@@ -750,22 +750,28 @@ def test_a_links_token_bucket_is_measured_by_the_largest_sends_past_their_latenc
     assert CommCosts(model).link_burst(2, 1) == pytest.approx(burst, rel=1e-9)
     assert CommCosts(model, rate).link_burst(2, 1) == pytest.approx(burst, rel=1e-9)
     assert CommCosts(model, rate / 2).link_burst(2, 1) == 0.0
-    fast = fit_comm(_bucket_comm(bucket, rate * 10), link_bytes_per_s=rate)
-    assert CommCosts(fast).link_burst(2, 1) == 0.0
+    for faster in (10.0, 1.05):  # another path; a link faster than stated
+        fast = fit_comm(_bucket_comm(bucket, rate * faster), link_bytes_per_s=rate)
+        assert CommCosts(fast).link_burst(2, 1) == 0.0
+    past = _bucket_comm(5 * 2**20, rate)  # past the second largest send: no line to read it by
+    assert CommCosts(fit_comm(past, link_bytes_per_s=rate)).link_burst(2, 1) == 0.0
     one = _bucket_comm(bucket, rate)
     one["environment"]["nodes"] = 1
     assert CommCosts(fit_comm(one, link_bytes_per_s=rate)).link_burst(2, 1) == 0.0
 
 
 @settings(max_examples=30, deadline=None)
-@given(bucket_mb=st.floats(0.0, 6.0), gbit=st.floats(0.1, 10.0))
+@given(bucket_mb=st.floats(0.0, 3.9), gbit=st.floats(0.1, 10.0))
 def test_a_transfer_across_the_link_holds_it_for_its_bytes_past_the_bucket(bucket_mb: float, gbit: float) -> None:
     """SSGD-PS, the shard beside worker 0: worker 1's push and pull each hold the link for their
     bytes' time less the bucket the link gathered while the worker computed, never less than 0."""
     from modelling.fabric import Fabric
 
     rate, bucket = gbit * 1e9 / 8, bucket_mb * 2**20
-    raw = _bucket_comm(bucket, rate) if bucket_mb > 1.2 else _ps_comm(_placed(2, 1, 2, "colocated"))
+    if bucket_mb <= 1.2:  # no bucket: every send at the stated link's rate
+        rate, raw = LINK, _ps_comm(_placed(2, 1, 2, "colocated"))
+    else:
+        raw = _bucket_comm(bucket, rate)
     scenario = Scenario.of("t", algorithm="ssgd", comm="ps", workers=2, servers=1,
                            node_of_rank=_placed(2, 1, 2, "colocated"))
     costs = build_costs(TABLE, CommCosts(fit_comm(raw, link_bytes_per_s=rate)), scenario)
