@@ -292,9 +292,9 @@ class KubernetesProvider(Provider):
             mine = [f'{torchrun(a.nproc, len(agents), str(i))} & pids="$pids $!";'
                     for i, a in enumerate(agents) if a.node == node]
             lines.append(f"  {node}) " + (" ".join(mine) if mine else "exit 0;") + " ;;")
-        # Each agent waited for by the pid it started with, once it has ended: `jobs` forgets a job
-        # that ended before it is asked, and `wait -n` answered 127 ("no child") in one CI run
-        # where two agents ended together. The first to fail ends the others.
+        # Each agent is waited for by the pid it started with, once it has ended: `jobs` forgets a
+        # job that ended before it is asked, so `wait -n` can answer 127 ("no child") when two
+        # agents end together. The first to fail ends the others.
         lines += [
             "esac",
             "status=0",

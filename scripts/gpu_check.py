@@ -145,8 +145,9 @@ def memory_cuda(out: Path, timeout_s: float) -> str:
         raise Failed(f"{out / 'profile' / 'layers.json'} has no memory section")
     snapshot = ["--memory-snapshot"] if DEVICE == "cuda" else []  # the allocator's history: CUDA's alone
     summary = _train(out / "train", timeout_s / 2, "--algorithm", "ssgd", "--workers", "1", *snapshot)
-    if snapshot and not (out / "train" / "memory_snapshot.rank0.pickle").stat().st_size:
-        raise Failed(f"{out / 'train' / 'memory_snapshot.rank0.pickle'} is empty")
+    dump = out / "train" / "memory_snapshot.rank0.pickle"
+    if snapshot and not (dump.is_file() and dump.stat().st_size):
+        raise Failed(f"{dump} is missing or empty")
     predicted = predict_memory(layers, Scenario.from_summary(summary))["memory_bytes"]
     measured = (summary.get("memory") or {}).get("peak_bytes")
     if not predicted or not measured:
