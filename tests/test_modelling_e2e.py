@@ -56,6 +56,8 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
     assert all(m["median_s"] > 0 and len(m["times_s"]) == 5 for m in comm["measurements"])
     model = fit_comm(comm)
     assert {f["primitive"] for f in model["fits"]} == {"allreduce", "p2p"}
+    comm_load = comm["environment"]["host_other_cpu_share"]
+    assert 0.0 <= comm_load <= 1.0
 
     layers = profile_layers("lenet5", 16, dataset="digits", processes=2, warmup=2, repeats=4)
     net = build_model("lenet5", (1, 28, 28), 10)
@@ -114,9 +116,13 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
             # then measures the host's scheduling, which no model of this job predicts.
             pytest.skip(f"the host was loaded during the run (other work used {share:.0%} of its CPU, over the "
                         f"{QUIET:.0%} of a quiet host): the model's error not held to {MODEL_TOLERANCE:.0%}")
+    if comm_load > QUIET:
+        # The communication costs were timed while other work held the cores: the model's
+        # allreduce is then the host's scheduling, and the error no test of the model.
+        pytest.skip(f"the host was loaded during the microbenchmark (other work used {comm_load:.0%} of its CPU)")
     (c,) = validate_runs(runs)["configs"]
     assert c["model"] == "gpt-mini" and c["repeats"] == 2 and c["model_error"] is not None
-    assert abs(c["model_error"]) <= max(MODEL_TOLERANCE, 2 * c["repeat_spread"]), c
+    assert abs(c["model_error"]) <= max(MODEL_TOLERANCE, 2 * c["repeat_spread"]), json.dumps(c, default=str)
 
 
 @pytest.mark.slow

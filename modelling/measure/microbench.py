@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from infra.hostload import CpuProbe
 from modelling.fit import load_comm
 from modelling.measure.configs import DEFAULT_SIZES, MicrobenchConfig
 from training.config import Device
@@ -93,7 +94,14 @@ def run_config(config: MicrobenchConfig, out_dir: Path, *, provider=None, echo: 
         timeout_s=config.timeout_s,
     )
     (out_dir / "placement.json").write_text(json.dumps(provider.place_job(job).as_dict(), indent=2))
+    probe = CpuProbe() if provider.measures_host_load else None
     result = provider.run(job, echo=echo)
     if not result.ok or not (out_dir / "comm.json").exists():
         raise MicrobenchFailed(f"microbench: {result.describe_failure()}")
+    if probe is not None:
+        # A cost timed while other work held the cores is the host's scheduling, not the link's:
+        # the file says so, as a training run's summary does (DESIGN §4).
+        comm = json.loads((out_dir / "comm.json").read_text())
+        comm.setdefault("environment", {})["host_other_cpu_share"] = probe.other_share()
+        (out_dir / "comm.json").write_text(json.dumps(comm, indent=2))
     return load_comm(out_dir / "comm.json")
