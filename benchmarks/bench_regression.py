@@ -24,6 +24,9 @@ Resampling draws runs independently, so slow drifts of the machine's load (an ev
 are not in the replay; the spread is that of one recording session. The recording keeps, per round,
 the share of the machine's CPU that other work used, and the header says whether it was quiet.
 A recording from before the canary (`throughput` lists only) replays with multiplied slowdowns.
+
+With `--where CLASS ...` (data, compute, layer, update) it records and replays slowdowns per
+component class instead, through the component alarm: benchmarks/bench_regression_components.py.
 """
 
 from __future__ import annotations
@@ -193,6 +196,10 @@ def _rate(k: int, n: int) -> str:
 
 
 def main() -> None:
+    if "--where" in sys.argv:  # slowdowns per component class: the component alarm's benchmark
+        from bench_regression_components import main as components
+
+        return components(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", type=Path, help="replay a recording saved by an earlier run")
     ap.add_argument("--save", type=Path, default=Path("bench_regression_recording.json"))

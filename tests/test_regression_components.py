@@ -9,7 +9,7 @@ import math
 import random
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pipelines.report import regression_components as rc
@@ -82,6 +82,33 @@ def test_a_slowed_component_is_flagged_and_named_first(seed: int, n_layers: int,
         expect = {"compute"}
     assert check["flagged"][0] in expect, (check["flagged"], check["tests"][:3])
     assert not shares or shares[0] in expect, (check["flagged"], check["tests"][:3])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10**6), n_layers=st.integers(3, 8), slowdown=st.floats(0.065, 0.085), cpu=st.booleans())
+def test_a_layer_slowed_by_less_than_twice_min_effect_is_flagged_by_both_passes(
+        seed: int, n_layers: int, slowdown: float, cpu: bool) -> None:
+    """A slower layer slows its forward and its backward, half the change each: each pass alone
+    explains less than min_effect (5%), the layer more. The layer is flagged and named first."""
+    rng = random.Random(seed)
+    work = _workload(rng, n_layers)
+    history = [_run(rng, work, math.exp(rng.gauss(0, 0.1)), noise=0.02, cpu=cpu) for _ in range(10)]
+    iteration = sum(work.values())
+    compute = sum(v for k, v in work.items() if k.startswith(("forward ", "backward ")))
+    # A layer that is no more than a third of the compute: its share moves well past the noise.
+    name = rng.choice([k.split(" ", 1)[1] for k in work if k.startswith("forward ")
+                       and work[k] + work[k.replace("forward", "backward")] <= compute / 3] or ["none"])
+    if name == "none":
+        return
+    slow = {f"{p} {name}": 1 + slowdown * iteration / 2 / work[f"{p} {name}"] for p in ("forward", "backward")}
+    now = _run(rng, work, math.exp(rng.gauss(0, 0.1)), slow, noise=0.02, cpu=cpu)
+    check = rc.check_components(now, history, alpha=0.01, min_effect=0.05)
+    assert check is not None
+    rows = {r["component"]: r for r in check["tests"]}
+    passes = [rows[f"{p} {name} share"] for p in ("forward", "backward")]
+    assume(all(r["explains"] < 0.05 for r in passes))  # the case: neither pass alone past min_effect
+    assert check["flagged"] and check["flagged"][0] in {f"forward {name} share", f"backward {name} share"}, \
+        (check["flagged"], check["tests"][:3])
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

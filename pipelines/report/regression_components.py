@@ -30,7 +30,8 @@ testing: Holm's step-down among the parts of the iteration (compute, update, dat
 that some layer's share moved; the layers' shares, with Holm among them, only where that one
 rejects. Together they keep the chance of any false component alarm at alpha. A component is flagged
 where its adjusted p-value is below alpha and the model says it explains more than min_effect of
-the iteration; the confirmation rerun stays.
+the iteration (a layer's share, with its other pass: one layer is one component to a reader);
+the confirmation rerun stays.
 
 Attribution: the model (modelling.predict fed with in-situ compute, as validation's model error
 is) re-predicts the baseline's iteration (the history's median of every component) with tonight's
@@ -289,7 +290,7 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     rows = [{"component": c, "basis": t["basis"], "change": t["change"], "p_value": t["p_value"],
              "p_adjusted": adjusted[c],
              "explains": explains.get(c, 0.0),
-             "flagged": adjusted[c] < alpha and explains.get(c, 0.0) > min_effect}
+             "flagged": adjusted[c] < alpha and _effect(c, explains) > min_effect}
             for c, t in tests.items()]
     rows.sort(key=lambda r: r["p_adjusted"])
     return {"tests": rows, "flagged": _named_first(rows),
@@ -297,6 +298,16 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
             "explained": explains.get(ALL, 0.0), "model": predict is not None,
             "host_moved": moved, "work": "cpu" if cpu else "wall",
             "samples": now["parts"].get("samples"), "history_runs": len(past), "method": "closed testing, Holm"}
+
+
+def _effect(component: str, explains: dict[str, float]) -> float:
+    """What a component explains, as min_effect judges it: a layer's share by its forward and
+    backward together. A slower layer (a kernel, a shape) slows both passes, each tested apart,
+    so either pass alone would hold half of the layer's change to the whole threshold."""
+    if not component.endswith(" share"):
+        return explains.get(component, 0.0)
+    layer = _layer_of(component)
+    return sum(explains.get(f"{phase} {layer} share", 0.0) for phase in ("forward", "backward"))
 
 
 def _has_cpu_seconds(parts: dict[str, Any]) -> bool:
