@@ -14,6 +14,7 @@ from modelling.plan import build_plan
 from modelling.predict import WORKER_TASKS, build_costs, cores_of, decided_scenario, resolve_scenario, table
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, simulate
+from training.measure.timeline import to_chrome_trace
 
 SERVER_PHASE = {"push": "comm_exposed", "pull": "send", "push-apply-pull": "update"}
 
@@ -77,8 +78,6 @@ def _records(plan: Plan, sched: Schedule) -> list[dict[str, Any]]:
 
 
 def write_chrome_trace(records: list[dict[str, Any]], path: Path) -> Path:
-    from training.measure.timeline import to_chrome_trace
-
     path.write_text(json.dumps(to_chrome_trace(records, label="predicted")))
     return path
 

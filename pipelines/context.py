@@ -12,15 +12,13 @@ import json
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.rundir import RunDir
 from pipelines.spec import BenchSpec
-
-if TYPE_CHECKING:
-    from pipelines.tracking import Tracker
+from pipelines.tracking import Tracker, resolve_uri
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,8 +61,6 @@ class RunContext(BaseModel):
     @cached_property
     def tracker(self) -> Tracker:
         """The run's MLflow tracker, one per context (stages run in a row share its state)."""
-        from pipelines.tracking import Tracker, resolve_uri
-
         return Tracker(self.run_dir, resolve_uri(self.tracking_uri), self.experiment, self.run_key,
                        artifact_root=self.home / "mlartifacts", made=True)
 

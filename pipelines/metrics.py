@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pipelines.report.tables import PHASES
 from training.measure.canary import metrics as canary_metrics
 
 # Summary figures logged as MLflow metrics under the same names.
@@ -69,8 +70,6 @@ def memory_metrics(summary: dict[str, Any]) -> dict[str, int | None]:
 def summary_from_metrics(metrics: dict[str, float]) -> dict[str, Any]:
     """A summary-like dict rebuilt from a training run's MLflow metrics (what the report's
     comparison reads); figures MLflow lacks are None."""
-    from pipelines.report.tables import PHASES
-
     summary: dict[str, Any] = {k: metrics.get(k) for k in SUMMARY_METRICS}
     iter_time = {m.group(1): v for k, v in metrics.items() if (m := _ITER_TIME.fullmatch(k))}
     summary["iter_time_s"] = {"p50": None} | iter_time

@@ -14,8 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from infra import ProviderError
+from modelling.memory import human_bytes, node_bytes, predict_memory
+from modelling.scenario import Scenario
+from pipelines.launch import prepare
 from pipelines.spec import BenchSpec, SpecError
 from pipelines.spec.load import by_field
+from training.config import ConfigError, build_config
+from training.gpt_shape import GPT_OPTIONS
 
 # The error the memory prediction is held to (tests/test_modelling_memory.py): a job predicted to
 # need up to this much more than its devices hold may still fit, and is not refused.
@@ -30,10 +36,6 @@ def preflight(spec: BenchSpec, entries: list[dict[str, Any]], home: Path, source
 
 
 def _jobs(spec: BenchSpec, entries: list[dict[str, Any]], source: str) -> list[str]:
-    from pipelines.launch import prepare
-    from training.config import ConfigError, build_config
-    from training.gpt_shape import GPT_OPTIONS
-
     problems, checked, sized, own = [], {}, {}, {}
     for entry in entries:
         cfg = entry["config"]
@@ -72,7 +74,6 @@ def _jobs(spec: BenchSpec, entries: list[dict[str, Any]], source: str) -> list[s
 
 
 def _generated_fits(cfg: Any, where: str) -> None:
-    from training.config import ConfigError
     from training.datasets import check_generated_size
     from training.shape import resolve_input_shape
 
@@ -135,10 +136,6 @@ def _fits(spec: BenchSpec, cfg: Any, where: str, mem: dict[str, Any] | None, cap
     (modelling/memory.py) from its own figures `mem` (`_own_memory`); None where they may, or
     where `mem` is unknown. The prediction's own error (MEMORY_ERROR) is given to the job: only
     what surely fails is refused."""
-    from infra import ProviderError
-    from modelling.memory import human_bytes, node_bytes, predict_memory
-    from modelling.scenario import Scenario
-
     if mem is None:
         return None
     try:

@@ -110,3 +110,55 @@ def test_no_folder_is_crowded_without_sub_packages() -> None:
             if len(list(folder.glob("*.py"))) - 1 > MOST_MODULES:  # the __init__ is no module of its own
                 crowded.add(str(folder.relative_to(REPO)))
     assert crowded == CROWDED, "a folder of more than 15 modules, or one of CROWDED split: update the list"
+
+
+PROJECT = ("infra", "training", "modelling", "pipelines", "dags")
+
+
+def _function_imports(root: Path = REPO) -> dict[str, set[str]]:
+    """Per file, the project modules it imports inside a function (`from pipelines import steps`
+    names `pipelines`)."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for floor in PROJECT:
+        for path in sorted((root / floor).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for fn in ast.walk(tree):
+                if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                        names = [node.module]
+                    elif isinstance(node, ast.Import):
+                        names = [a.name for a in node.names]
+                    else:
+                        continue
+                    for name in names:
+                        if name.split(".")[0] in PROJECT:
+                            found.setdefault(str(path.relative_to(root)), set()).add(name)
+    return found
+
+
+def test_a_function_imports_a_project_module_only_where_the_list_says_why() -> None:
+    """Imports sit at a module's top, except the few tests/function_imports.toml lists with the
+    start-up each keeps a heavy module out of: a new one fails here, and so does an entry gone."""
+    listed = tomllib.loads((REPO / "tests" / "function_imports.toml").read_text())
+    allowed = {f: set(mods) for f, mods in listed.items()}
+    found = _function_imports()
+    new = {f: sorted(m - allowed.get(f, set())) for f, m in found.items() if m - allowed.get(f, set())}
+    gone = {f: sorted(m - found.get(f, set())) for f, m in allowed.items() if m - found.get(f, set())}
+    assert new == {}, f"imports inside functions: move them to the module's top, or list them with why: {new}"
+    assert gone == {}, f"listed in tests/function_imports.toml but no longer imported in a function: {gone}"
+
+
+def test_the_function_import_check_sees_every_form(tmp_path: Path) -> None:
+    """The check itself: imports of project modules in functions, methods and nested functions, in
+    both forms, are found; a module-level one, a relative one and a library's are not."""
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "late.py").write_text(
+        "import json\nfrom infra import bounds\n\n"
+        "def a():\n    from training import gpt_shape\n    import json\n\n"
+        "class B:\n    async def c(self):\n        def d():\n            import modelling.fit\n"
+        "        from . import sibling\n")
+    assert _function_imports(tmp_path) == {"pipelines/late.py": {"training", "modelling.fit"}}

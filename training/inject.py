@@ -29,6 +29,9 @@ from torch import nn
 
 from training.config import INJECT_LAYER, TrainConfig
 from training.measure.timeline import Timeline
+from training.models import build_model
+from training.shape import resolve_input_shape
+from training.text import corpus_vocab
 
 
 def spin(seconds: float) -> None:
@@ -71,10 +74,6 @@ def check_where(cfg: TrainConfig) -> None:
     name = layer_name(cfg.inject_where)
     if name is None:
         return
-    from training.models import build_model
-    from training.shape import resolve_input_shape
-    from training.text import corpus_vocab
-
     try:
         with torch.device("meta"):
             net = build_model(cfg.model, resolve_input_shape(cfg), cfg.num_classes or corpus_vocab(cfg.dataset),

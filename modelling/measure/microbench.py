@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from infra import Job
 from infra.hostload import CpuProbe
+from infra.local import LocalProvider
 from modelling.fit import load_comm
 from modelling.measure.configs import DEFAULT_SIZES, MicrobenchConfig
 from training.config import Device
@@ -71,13 +73,9 @@ def cuda_missing(config: MicrobenchConfig) -> str | None:
 def run_config(config: MicrobenchConfig, out_dir: Path, *, provider=None, echo: bool = False) -> dict[str, Any]:
     """run_microbench of a MicrobenchConfig; ValueError, before any rank starts, for a cuda
     microbenchmark on a host without a GPU."""
-    from infra import Job
-
     if why := cuda_missing(config):
         raise ValueError(f"microbench.device: cuda, but {why}")
     if provider is None:
-        from infra.local import LocalProvider
-
         provider = LocalProvider()
     out_dir.mkdir(parents=True, exist_ok=True)
     # A cpu job's spec without the device, as before there was a choice: the ranks read cpu.

@@ -34,8 +34,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from infra import Job
+from infra.local import LocalProvider
 from modelling.measure.configs import ProfileConfig
 from modelling.measure.layers import write_layers
+from training.config import build_config
 
 __all__ = ["ProfileConfig", "ProfileFailed", "profile_layers", "profile_memory", "run_profile", "write_layers"]
 
@@ -55,7 +58,6 @@ def build_profiled(
     """Model, optimizer and data of one profiling rank; `dev` the torch device (default `device`)."""
     import torch
 
-    from training.config import build_config
     from training.datasets import GlobalBatchSampler, load_dataset, native_shape
     from training.models import build_model, natural_input_shape
 
@@ -237,11 +239,7 @@ def run_profile(
 
 
 def _run_job(job_spec: dict[str, Any], out: Path, provider, echo: bool) -> dict[str, Any]:
-    from infra import Job
-
     if provider is None:
-        from infra.local import LocalProvider
-
         provider = LocalProvider()
     out.mkdir(parents=True, exist_ok=True)
     result_path = out / PROFILE_RESULT

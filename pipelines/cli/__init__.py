@@ -15,8 +15,10 @@ from typing import Any
 
 import click
 
-from infra import PROVIDER_NAMES
+from infra import PROVIDER_NAMES, ProviderError, validate_provider_options
+from pipelines.launch import JobFailed, OutputError, launch, prepare
 from pipelines.options import option_for
+from pipelines.spec.sections import ProviderSpec
 from training.config import ConfigError, TrainConfig, load_yaml
 
 
@@ -38,8 +40,6 @@ def provider_options(name: str, nodes: int | None, bandwidth: str | None, placem
     checked by the provider's options model (click.UsageError naming the option)."""
     import yaml
 
-    from infra import ProviderError, validate_provider_options
-
     options: dict[str, Any] = {}
     for item in sets:
         key, sep, raw = item.partition("=")
@@ -57,10 +57,7 @@ def provider_options(name: str, nodes: int | None, bandwidth: str | None, placem
 
 def _train(config: Path | None, out: Path, timeout: float | None, quiet: bool, provider: str, nodes: int | None,
            bandwidth: str | None, placement: str | None, provider_sets: tuple[str, ...], **options: Any) -> None:
-    from infra import ProviderError
-    from pipelines.launch import JobFailed, OutputError, launch, prepare
     from pipelines.report.console import print_summary
-    from pipelines.spec.sections import ProviderSpec
     from training.run import EXIT_DIVERGED
 
     opts = provider_options(provider, nodes, bandwidth, placement, provider_sets)  # checked before torch loads

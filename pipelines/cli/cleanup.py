@@ -19,25 +19,24 @@ from typing import Any
 import click
 import yaml
 
+from infra import ProviderError
+from infra.kubernetes import KubernetesProvider
+from infra.netns import cleanup_stale
+from infra.slurm import cancel_orphans, controller_up
+
 
 def sweep(kubernetes: dict[str, Any] | None = None, slurm_confs: tuple[str, ...] = ()) -> list[str]:
     """What was removed, one line each: netns namespaces (with their links and bridge), SLURM
     jobs (of the default cluster and of every `slurm_confs` one), and, given provider options,
     Kubernetes Jobs (with their pods and Services)."""
-    from infra.slurm import cancel_orphans, controller_up
-
     removed: list[str] = []
     if os.geteuid() == 0 and shutil.which("ip"):
-        from infra.netns import cleanup_stale
-
         removed += [f"netns namespace {ns}" for ns in cleanup_stale()]
     for conf in (None, *slurm_confs):
         if controller_up(conf):
             where = f" ({conf})" if conf else ""
             removed += [f"slurm job {job_id}{where}" for job_id in cancel_orphans(conf)]
     if kubernetes is not None:
-        from infra.kubernetes import KubernetesProvider
-
         provider = KubernetesProvider(**kubernetes)
         removed += [f"kubernetes job {provider.namespace}/{name}" for name in provider.delete_orphans()]
     return removed
@@ -53,8 +52,6 @@ def _kubernetes_options(_ctx: Any, param: Any, value: str | None) -> dict[str, A
 
 
 def _cleanup(kubernetes: dict[str, Any] | None, slurm_confs: tuple[str, ...]) -> None:
-    from infra import ProviderError
-
     try:
         removed = sweep(kubernetes, slurm_confs)
     except ProviderError as err:

@@ -8,13 +8,12 @@ from typing import Any
 import click
 
 from infra import bounds
+from infra.units import parse_bandwidth
 
 PATH = click.Path(path_type=Path)
 
 
 def bandwidth(_ctx, param, value: str | None) -> float | None:
-    from infra.units import parse_bandwidth
-
     if value is None:
         return None
     try:

@@ -9,6 +9,10 @@ from typing import Any
 
 import click
 
+from pipelines.context import default_home, default_tracking_uri
+from pipelines.metrics import summary_from_metrics
+from pipelines.report.tables import best_per_config, comparison, config_label, config_of
+
 
 def _day(value: str | None) -> int | None:
     if value is None:
@@ -21,9 +25,6 @@ def _day(value: str | None) -> int | None:
 
 def _as_run(child: Any) -> dict[str, Any]:
     """A training child run of MLflow in the shape report.comparison takes."""
-    from pipelines.metrics import summary_from_metrics
-    from pipelines.report.tables import config_label, config_of
-
     t = child.data.tags
     algo = f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
     workers, batch = int(t.get("ddlbench.workers", 0)), int(t.get("ddlbench.batch_size", 0))
@@ -53,8 +54,6 @@ def _compared(
     client: Any, experiment_id: str, hardware: str | None, since_ms: int | None, until_ms: int | None
 ) -> Iterator[dict[str, Any]]:
     """compare_runs one run at a time: each run's training children are searched only when asked for."""
-    from pipelines.report.tables import best_per_config, comparison
-
     filters = ["tags.`ddlbench.node` = 'pipeline'"]
     if hardware:
         filters.append(f"tags.`ddlbench.hardware` = '{hardware}'")
@@ -143,7 +142,6 @@ def _compare(
     from rich.console import Console
     from rich.text import Text
 
-    from pipelines.context import default_home, default_tracking_uri
     from pipelines.report.console import comparison_tables
 
     uri = tracking_uri or default_tracking_uri((home or default_home()).resolve())

@@ -15,6 +15,8 @@ import click
 from pydantic import BaseModel
 
 from modelling.measure.configs import MicrobenchConfig, ProfileConfig
+from modelling.measure.layers import format_table, write_layers
+from modelling.measure.profiler import ProfileFailed, run_profile
 from pipelines.cli.common import PATH, bandwidth, fail, out_dir, print_rows
 from pipelines.options import option_for
 
@@ -54,9 +56,6 @@ def _given(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _profile(out: Path, **options: Any) -> None:
-    from modelling.measure.layers import format_table, write_layers
-    from modelling.measure.profiler import ProfileFailed, run_profile
-
     try:
         table = run_profile(ProfileConfig.of("profile", **_given(options)))
     except ValueError as err:

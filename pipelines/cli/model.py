@@ -12,8 +12,13 @@ from typing import Any
 
 import click
 
+from infra.credentials import mask_secrets
+from modelling.measure.layers import check_layers, load_layers
+from modelling.memory import human_bytes
+from modelling.scenario import Scenario
 from pipelines.cli.common import PATH, bandwidth, fail, int_list, print_rows
 from pipelines.cli.measure import microbench, profile
+from pipelines.context import default_home, default_tracking_uri
 from pipelines.report.validation import model_error_cell, ms, pct
 
 
@@ -62,8 +67,6 @@ def hardware_profile(label: str, tracking_uri: str) -> dict[str, Any]:
     there is none."""
     from mlflow import MlflowClient
 
-    from infra.credentials import mask_secrets
-
     client = MlflowClient(tracking_uri=tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments() if e.name.startswith("ddlbench-")]
     # MLflow's filter string has no escape for a quote: a label holding one is searched for never.
@@ -83,8 +86,6 @@ def _from_profile(profile: dict[str, Any], workload: str | None) -> tuple[dict[s
     """The layer table and comm model a prediction takes from a hardware profile: the one
     workload it holds, or the one `workload` names (its key, or its model)."""
     from modelling.fit import check_comm_model
-    from modelling.measure.layers import check_layers
-
     source = f"hardware profile {profile.get('hardware')!r} (run {profile.get('run_key')})"
     tables = profile.get("layers") or {}
     matching = [k for k in tables if workload in (None, k, tables[k].get("model"))]
@@ -176,10 +177,7 @@ def predict_cmd(
 ) -> None:
     """Predict iteration time, throughput and memory per world size from the DAG model."""
     from modelling.fit import load_comm_model
-    from modelling.measure.layers import load_layers
-    from modelling.memory import human_bytes
     from modelling.predict import predict
-    from modelling.scenario import Scenario
     from modelling.trace import predicted_timeline, write_chrome_trace, write_gantt
 
     try:
@@ -198,8 +196,6 @@ def predict_cmd(
             if layers_path or comm_path:
                 raise click.UsageError("--hardware: takes the layers and the comm model from MLflow; "
                                        "give it without --layers and --comm")
-            from pipelines.context import default_home, default_tracking_uri
-
             uri = tracking_uri or default_tracking_uri((home or default_home()).resolve())
             layers, model = _from_profile(hardware_profile(hardware, uri), workload)
         elif layers_path is None or comm_path is None:
@@ -285,7 +281,6 @@ def validate(
 ) -> None:
     """Predicted vs measured iteration time for training runs."""
     from modelling.fit import load_comm_model
-    from modelling.measure.layers import load_layers
     from modelling.validate import validate_runs
 
     try:

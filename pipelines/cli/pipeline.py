@@ -11,9 +11,16 @@ from typing import Any, NoReturn
 
 import click
 
+from pipelines import steps
 from pipelines.cli.compare import compare
 from pipelines.disk import disk_full
-from pipelines.tracking.journal import RunDirGone
+from pipelines.launch import JobFailed
+from pipelines.spec.load import parse_set
+from pipelines.stages import STAGES
+from pipelines.tracking.journal import Journal, RunDirGone
+from pipelines.tracking.stranded import end_stranded
+from pipelines.tracking.upload import TAG_RUN_KEY
+from training.config import ConfigError
 
 
 class SpecRefused(click.ClickException):
@@ -24,10 +31,6 @@ class SpecRefused(click.ClickException):
 
 def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str | None, sets: tuple[str, ...]) -> None:
     from rich.console import Console
-
-    from pipelines.spec.load import parse_set
-    from pipelines.stages import STAGES
-    from training.config import ConfigError
 
     if tracking_uri:
         os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
@@ -65,8 +68,6 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
     """Run the stages after `start` in order (teardown and finish always); their results and
     whether the run failed. A training job that fails fails the run, not the grid."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from pipelines.launch import JobFailed
 
     failed = False
     results: dict[str, Any] = {}
@@ -162,8 +163,6 @@ def _vanished(err: RunDirGone) -> NoReturn:
 
 def _unfinished(ctx: Any) -> dict[str, Any]:
     """`finish`'s result when it could not run to its end (its disk full)."""
-    from pipelines.tracking.journal import Journal
-
     return {"run_key": ctx.run_key, "status": "FAILED", "orphans_failed": [], "synced": False,
             "pending": Journal(ctx.run_dir).pending(), "parent_run_id": None}
 
@@ -251,8 +250,6 @@ _RUN_KEY = re.compile(r"[A-Za-z0-9_.-]+")
 def _sync(targets: tuple[str, ...], home: Path | None, tracking_uri: str | None, abandoned: bool) -> None:
     from rich.console import Console
 
-    from pipelines import steps
-
     home = home or steps.default_home()
     runs_root = home / "runs"
     dirs = [Path(t) if Path(t).is_dir() else runs_root / t for t in targets] or sorted(
@@ -283,9 +280,6 @@ def _sync_vanished(console: Any, keys: list[str | None], tracking_uri: str) -> N
     """End FAILED the RUNNING MLflow runs of these run keys (None: of any) whose run directory is
     gone and whose owner is dead or the pipeline run (pipelines/tracking/stranded.py); say which, by run key."""
     from mlflow import MlflowClient
-
-    from pipelines.tracking.stranded import end_stranded
-    from pipelines.tracking.upload import TAG_RUN_KEY
 
     client = MlflowClient(tracking_uri=tracking_uri)
     for key in keys:

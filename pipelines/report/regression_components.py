@@ -53,7 +53,9 @@ from typing import Any
 
 from scipy import stats
 
-from modelling.validate import INSITU_FILE, MIN_INSITU_SAMPLES
+from modelling.predict import predict
+from modelling.scenario import Scenario
+from modelling.validate import INSITU_FILE, MIN_INSITU_SAMPLES, insitu_layers
 
 MAD_SD = 1.4826  # the MAD of a normal sample times this is its SD
 BIWEIGHT_EFFICIENCY = 0.87  # the biweight's variance is the SD's from this fraction of the values
@@ -220,10 +222,6 @@ def model_predictor(profile: dict[str, Any], comm_model: dict[str, Any], summary
     """The iteration the DAG model predicts for a run's configuration (its summary.json) from parts
     in seconds, as validation's model error feeds it (modelling.validate.insitu_layers); None where
     the model gives no prediction for it."""
-    from modelling.predict import predict
-    from modelling.scenario import Scenario
-    from modelling.validate import insitu_layers
-
     scenario = Scenario.from_summary(summary)
     names = [r["name"] for r in profile["layers"]]
 

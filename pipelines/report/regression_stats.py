@@ -36,6 +36,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from pipelines.report.regression_components import repeat_parts, run_parts
+from pipelines.spec import config_of
 
 CI_LEVEL = 0.95
 POWER = 0.95  # the detection probability `detectable_slowdown` is stated at
@@ -275,8 +276,6 @@ def change_points(series: list[float], max_p: float = CHANGE_P, permutations: in
 
 def config_figures(trained: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Run-level figures per config of this run's finished training runs (their run dirs)."""
-    from pipelines.spec import config_of
-
     by: dict[str, list[dict[str, Any]]] = {}
     for e in trained:
         fig = repeat_figures(Path(e["run_dir"])) if e.get("run_dir") else None

@@ -21,6 +21,7 @@ from typing import Any
 
 from infra.hostload import QUIET
 from pipelines.spec import config_of
+from training.measure.timeline import read_jsonl
 
 PHASES = ("data", "forward", "backward", "comm_exposed", "update")
 BASELINE_ALGORITHM = "ssgd-allreduce"
@@ -34,8 +35,6 @@ def config_label(model: str, algorithm: str, workers: int, batch_size: int) -> s
 
 def collect_runs(trained: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Finished training runs with their summary and curves."""
-    from training.measure.timeline import read_jsonl
-
     runs = []
     for e in trained:
         d = Path(e["run_dir"])

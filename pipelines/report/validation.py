@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelling.memory import human_bytes
+
 
 # The figures' formats, shared by the report, the console tables and the commands: '-' where
 # there is no figure (a no-prediction row, a run without in-situ timing).
@@ -104,8 +106,6 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
 
 def memory_cell(c: dict[str, Any]) -> str:
     """The largest rank's tensor bytes, predicted / measured (error); '-' where either lacks."""
-    from modelling.memory import human_bytes
-
     predicted, measured = c.get("memory_predicted_bytes"), c.get("memory_measured_bytes")
     if predicted is None or measured is None:
         return "-"
@@ -114,8 +114,6 @@ def memory_cell(c: dict[str, Any]) -> str:
 
 def predicted_memory_cell(p: dict[str, Any]) -> str:
     """The fullest rank's predicted bytes, or why the row has no time where it does not fit."""
-    from modelling.memory import human_bytes
-
     if (p.get("no_prediction") or "").startswith("does not fit"):
         return p["no_prediction"]
     return "-" if p.get("memory_bytes") is None else human_bytes(p["memory_bytes"])

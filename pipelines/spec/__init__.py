@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from infra import bounds
+from infra.credentials import mask_secrets
 from infra.units import parse_rate
 from pipelines.spec.load import (
     SpecError,
@@ -35,6 +36,7 @@ from pipelines.spec.load import (
     merge_overrides,
     one_error,
 )
+from pipelines.spec.placement import placement_problems
 from pipelines.spec.sections import (
     GRID_FIELDS,
     AlgorithmSpec,
@@ -260,8 +262,6 @@ def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
         raise SpecError(format_spec_error(err, source)) from None
     except TypeError as err:
         raise SpecError(one_error([f"{source}: {err}"])) from None
-    from infra.credentials import mask_secrets
-
     # A spec lands in MLflow params, artifacts and the run directory: it may hold no password.
     if held := [k for k, v in flatten(spec.model_dump(mode="json")).items() if mask_secrets(v) != v]:
         raise SpecError(f"{source}.{held[0]}: holds a password or token; the deployment gives credentials "
@@ -270,8 +270,6 @@ def validate_spec(values: dict[str, Any], source: str = "spec") -> BenchSpec:
         entries = grid(spec)
     except ConfigError as err:
         raise SpecError(str(err)) from None
-    from pipelines.spec.placement import placement_problems
-
     if problems := placement_problems(spec, entries, source):
         raise SpecError(one_error(by_field(problems, "jobs")))
     return spec

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from infra import ProviderError
+
 if TYPE_CHECKING:
     from pipelines.spec import BenchSpec
 
@@ -27,8 +29,6 @@ def jobs(spec: BenchSpec, entries: list[dict[str, Any]]) -> dict[tuple[int, int]
 def placement_problems(spec: BenchSpec, entries: list[dict[str, Any]], source: str = "spec") -> list[str]:
     """Every job's ranks on the provider's nodes by its placement policy (infra/placement.py):
     one line per job that cannot be placed, naming the option. Building a provider provisions nothing."""
-    from infra import ProviderError
-
     provider = spec.provider.build()
     problems = []
     for (workers, servers), what in sorted(jobs(spec, entries).items()):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
-from infra import bounds
+from infra import ProviderError, bounds, get_provider, validate_provider_options
 from infra.units import parse_rate
 from modelling.measure.configs import MicrobenchSettings, ProfileSettings
 from training.config import Algorithm, Comm, InputShape, check_input_shape, default_comm
@@ -65,8 +65,6 @@ class ProviderSpec(Section):
         """The provider of this section, not yet provisioned (building one provisions nothing; it
         is a context manager that releases what it holds). `threads`: a job's threads per rank,
         the provider's `threads_per_process` unless the section sets it."""
-        from infra import get_provider
-
         options = dict(self.options)
         if threads is not None:
             options.setdefault("threads_per_process", threads)
@@ -76,8 +74,6 @@ class ProviderSpec(Section):
     def _typed_options(self) -> ProviderSpec:
         """The provider and its options are checked when the spec loads, by the provider's own
         options model (infra), not minutes later when the cluster is provisioned."""
-        from infra import ProviderError, validate_provider_options
-
         try:
             validate_provider_options(self.name, self.options)
         except ProviderError as err:

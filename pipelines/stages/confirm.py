@@ -13,8 +13,11 @@ import math
 from typing import Any
 
 from pipelines.context import RunContext
+from pipelines.report.tables import collect_runs, comparison, host_load
+from pipelines.spec import config_of
 from pipelines.stages.model import trained_dirs
 from pipelines.stages.runner import run_once
+from pipelines.stages.train import train, train_configs
 from pipelines.tracking import Tracker
 
 PREFIX = "rerun-"  # a rerun's grid key is PREFIX + the original key: its own run dir and MLflow run
@@ -24,8 +27,6 @@ THROUGHPUT = "throughput_samples_per_s"
 def _check(ctx: RunContext, t: Tracker, trained: list[dict]) -> dict[str, Any]:
     from pipelines.report.regression import find_history, injected_delay_ms, regression_check
     from pipelines.report.regression_stats import config_figures
-    from pipelines.report.tables import collect_runs, comparison, host_load
-
     spec = ctx.spec()
     done = trained_dirs(trained)
     runs = collect_runs(done)
@@ -37,9 +38,6 @@ def _check(ctx: RunContext, t: Tracker, trained: list[dict]) -> dict[str, Any]:
 def suspects(ctx: RunContext, trained: list[dict]) -> list[dict]:
     """The configurations whose throughput alarms against the history, one entry each:
     {"key": "rerun-<config>", "config", "entries": the grid entries of its repeats}."""
-    from pipelines.spec import config_of
-    from pipelines.stages.train import train_configs
-
     def body(t: Tracker, node: str) -> list[dict]:
         check = _check(ctx, t, trained)
         alarmed = sorted({c["config"] for c in check["regressions"] if c["figure"] == THROUGHPUT})
@@ -59,8 +57,6 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
     from pipelines.report.regression import check_rerun, find_history, history_runs
     from pipelines.report.regression_components import check_components
     from pipelines.report.regression_stats import config_figures
-    from pipelines.stages.train import train
-
     config = suspect["config"]
     reruns = [train(ctx, {**e, "key": PREFIX + e["key"]}) for e in suspect["entries"]]
 

@@ -8,17 +8,18 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from infra import ProviderError
+from modelling.calibration import domain
+from modelling.predict import cores_of
+from modelling.predict import predict as predict_model
+from modelling.scenario import Scenario
+from pipelines.preflight import capacity_bytes
 from pipelines.spec import BenchSpec, parse_rate
 from pipelines.stages.runner import workload_dir
 
 
 def predictions(spec: BenchSpec, layers_by: dict[str, dict], model: dict) -> list[dict[str, Any]]:
     """Every algorithm at the grid's and the what-if world sizes, at the measured and what-if rates."""
-    from modelling.calibration import domain
-    from modelling.predict import cores_of
-    from modelling.predict import predict as predict_model
-    from pipelines.preflight import capacity_bytes
-
     cores = cores_of(model)
     sizes = sorted(set(spec.workers) | set(spec.what_if.workers))
     placed = placements(spec, sizes)
@@ -61,8 +62,6 @@ def spec_scenario(spec: BenchSpec, algo: Any, workers: int,
                   placed: dict[tuple[int, int], tuple[int, ...]], **what_if: Any) -> Any:
     """The Scenario of one of the spec's algorithms at `workers`, placed as `placements` says (none
     where the cluster cannot place it), with what-ifs (a link rate, a batch)."""
-    from modelling.scenario import Scenario
-
     s = Scenario.of("spec", algorithm=algo.name.value, comm=algo.comm_mode.value, workers=workers,
                     servers=spec.servers, **what_if, **Scenario.settings_in(algo.options))
     return s.model_copy(update={"node_of_rank": placed.get((workers, s.servers))})
@@ -72,8 +71,6 @@ def placements(spec: BenchSpec, sizes: list[int]) -> dict[tuple[int, int], tuple
     """(workers, servers) -> the node of every rank as the spec's provider places that job
     (DESIGN §5), for the grid's and the what-if world sizes; a what-if this cluster cannot
     place is predicted without a placement (a cluster like it, large enough)."""
-    from infra import ProviderError
-
     provider = spec.provider.build()  # provisions nothing
     out = {}
     for n, servers in itertools.product(sizes, {0, spec.servers}):

@@ -18,7 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from modelling.calibration import domain, interval
+from modelling.fit import CommModelError, fit_comm
+from modelling.predict import predict
+from modelling.scenario import Scenario
 from pipelines.context import RunContext
+from pipelines.stages.grid import predictions
 from pipelines.stages.runner import workload_dir
 
 ROUND_GLOB = "r*"
@@ -37,8 +42,6 @@ def round_tables(ctx: RunContext) -> dict[str, list[dict[str, Any]]]:
 def round_models(ctx: RunContext) -> list[dict[str, Any]]:
     """One comm model per microbenchmark round, fitted on that round's measurements at every
     world size (microbench/wN/rI/comm.json); the run's fitted model alone where no rounds were kept."""
-    from modelling.fit import CommModelError, fit_comm
-
     link = ctx.spec().network.bytes_per_s
     by_round: dict[str, list[dict[str, Any]]] = {}
     for p in sorted((ctx.paths.root / "microbench").glob(f"w*/{ROUND_GLOB}/comm.json")):
@@ -76,11 +79,6 @@ def validation_intervals(ctx: RunContext, result: dict[str, Any], history: list[
                          cores: int | None = None) -> None:
     """predicted_p10_s / predicted_p90_s on every run and configuration row of a validation, and
     beside them the calibrated interval (modelling/calibration.py) on the history's scores."""
-    from modelling.calibration import domain, interval
-    from modelling.fit import CommModelError
-    from modelling.predict import predict
-    from modelling.scenario import Scenario
-
     spec = ctx.spec()
     tables, models = round_tables(ctx), round_models(ctx)
     by_run: dict[str, tuple[float | None, float | None]] = {}
@@ -117,10 +115,6 @@ def prediction_intervals(ctx: RunContext, history: list[float] | None = None) ->
     """Every prediction of the predict stage (the grid's and the what-if world sizes and rates)
     with its p10-p90 over the rounds' inputs, in predictions.json's order, and the calibrated
     interval on the history's scores widened to hold it."""
-    from modelling.calibration import interval
-    from modelling.fit import CommModelError
-    from pipelines.stages.grid import predictions
-
     path = ctx.paths.predictions
     if not path.exists():
         return []

@@ -17,6 +17,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from modelling.measure.layers import load_layers, pool_layers, write_layers
+from modelling.measure.microbench import run_microbench
+from modelling.measure.profiler import profile_layers
 from pipelines.context import RunContext
 from pipelines.spec import BenchSpec
 from pipelines.stages.runner import cluster, columns, run_once, workload_dir, write_json
@@ -28,9 +31,6 @@ PRIMITIVES = 3  # allreduce, point-to-point, parameter-server rounds
 
 def _profile_round(ctx: RunContext, spec: BenchSpec, wl: Any, batch: int, i: int, p: Any) -> dict[str, Any]:
     """Round i of a workload's profile (profile/NAME/rI/layers.json), measured once."""
-    from modelling.measure.layers import load_layers, write_layers
-    from modelling.measure.profiler import profile_layers
-
     out = ctx.paths.profile(workload_dir(wl, batch)) / f"r{i}"
     if (out / "layers.json").exists():
         return load_layers(out / "layers.json")
@@ -82,8 +82,6 @@ def microbench(ctx: RunContext) -> dict:
     def body(t: Tracker, node: str) -> dict:
         if not spec.microbench.enabled:
             return {"comm": [], "skipped": True}
-        from modelling.measure.microbench import run_microbench
-
         mb = spec.microbench
         paths = []
         with cluster(ctx) as p:
@@ -124,8 +122,6 @@ def profile(ctx: RunContext) -> dict:
     def body(t: Tracker, node: str) -> dict:
         if not spec.profile.enabled:
             return {"layers": {}, "skipped": True}
-        from modelling.measure.layers import pool_layers, write_layers
-
         out: dict[str, str] = {}
         for wl in spec.workloads:
             for batch in spec.batch_sizes:

@@ -6,8 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from modelling.calibration import interval
+from modelling.fit import CommModelError, fit_comm
+from modelling.predict import cores_of
+from modelling.validate import summarise, validate_runs
 from pipelines.context import RunContext
+from pipelines.stages.calibration import history_scores
 from pipelines.stages.grid import predictions
+from pipelines.stages.interval import prediction_intervals, validation_intervals
 from pipelines.stages.runner import columns, load_inputs, run_once, workload_dir, write_json
 from pipelines.tracking import PARENT, Tracker
 
@@ -23,8 +29,6 @@ def fit(ctx: RunContext) -> dict:
         paths = ctx.paths.comm_files()
         if not paths:
             return {"model": None, "skipped": True}
-        from modelling.fit import fit_comm
-
         comms = [json.loads(p.read_text()) for p in paths]
         comm = {**comms[0], "measurements": [m for c in comms for m in c["measurements"]]}
         model = fit_comm(comm, link_bytes_per_s=spec.network.bytes_per_s)
@@ -51,9 +55,6 @@ def predict(ctx: RunContext) -> dict:
         layers_by, model = load_inputs(ctx)
         if not layers_by or model is None:
             return {"predictions": None, "skipped": True}
-        from modelling.calibration import interval
-        from pipelines.stages.calibration import history_scores
-
         # The model's own error on this hardware, as its earlier validations measured it; the
         # inputs' spread joins it in the validate stage (validation.json's `predictions`).
         history = history_scores(t, ctx.hardware)
@@ -107,9 +108,6 @@ def validate(ctx: RunContext, trained: list[dict]) -> dict:
         done = trained_dirs(trained)
         if not layers_by or model is None or not done:
             return _skipped()
-        from modelling.fit import CommModelError
-        from modelling.validate import summarise, validate_runs
-
         configs = {e["run_dir"]: json.loads(Path(e["run_dir"], "config.json").read_text()) for e in done}
         runs: list[dict[str, Any]] = []
         for wl in spec.workloads:
@@ -128,10 +126,6 @@ def validate(ctx: RunContext, trained: list[dict]) -> dict:
                         return _skipped(reason=str(err))
                     runs += [{**r, "run": Path(str(r["run"])).name} for r in res["runs"]]
         result = summarise(runs)  # repeats of a configuration count once, as their median (DESIGN §4)
-        from modelling.predict import cores_of
-        from pipelines.stages.calibration import history_scores
-        from pipelines.stages.interval import prediction_intervals, validation_intervals
-
         history = history_scores(t, ctx.hardware)  # earlier validations only: this one is not FINISHED
         validation_intervals(ctx, result, history, cores_of(model))
         result["predictions"] = prediction_intervals(ctx, history)  # the what-if sizes too, with their p10-p90

@@ -6,10 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from infra import bounds
+from modelling.memory import largest_batch
 from pipelines.context import RunContext
+from pipelines.preflight import capacity_bytes
 from pipelines.report.regression_components import line as rc_line
 from pipelines.report.regression_stats import config_figures
+from pipelines.spec import config_of
 from pipelines.stages.confirm import apply_confirmations
+from pipelines.stages.grid import placements, spec_scenario
 from pipelines.stages.model import trained_dirs
 from pipelines.stages.runner import load_inputs, run_once, tracker, workload_dir, write_json
 from pipelines.tracking import PARENT, Tracker
@@ -112,11 +117,6 @@ def largest_batches(spec: Any, layers_by: dict[str, dict]) -> dict[str, dict[str
     """Per profiled workload and algorithm of the spec, the largest per-worker batch whose ranks
     fit the memory of this hardware's devices (modelling/memory.py) at the spec's largest world;
     none where the memory is unknown (a remote cluster's, unstated)."""
-    from infra import bounds
-    from modelling.memory import largest_batch
-    from pipelines.preflight import capacity_bytes
-    from pipelines.stages.grid import placements, spec_scenario
-
     workers = max(spec.workers)
     placed = placements(spec, [workers])
     out: dict[str, dict[str, int | None]] = {}
@@ -135,8 +135,6 @@ def _predictors(ctx: RunContext, trained: list[dict]) -> dict[str, Any]:
     """Per config, the model's iteration from in-situ parts (regression_components.model_predictor),
     from the run's profile and comm fit; none where either was skipped."""
     from pipelines.report.regression_components import model_predictor
-    from pipelines.spec import config_of
-
     layers_by, model = load_inputs(ctx)
     if not layers_by or model is None:
         return {}

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.context import RunContext
+from pipelines.launch import JobFailed, launch, prepare
 from pipelines.metrics import summary_metrics
 from pipelines.spec import BenchSpec, config_of, flatten, grid
 from pipelines.stages.runner import cluster, provider, run_once, tracker, write_json
 from pipelines.tracking import Tracker
 from pipelines.tracking.journal import now_ms
+from training.gpt_shape import is_gpt
+from training.measure.timeline import read_jsonl
 
 TRAIN_ARTIFACTS = ("config.json", "summary.json", "metrics.jsonl", "timeline.jsonl", "trace.json", "launcher.log")
 _CURVES = {
@@ -71,16 +74,12 @@ def train_configs(ctx: RunContext) -> list[dict]:
 
 def launch_job(ctx: RunContext, cfg: Any, out: Path) -> dict[str, Any]:
     """Run the training job on the run's cluster; its summary."""
-    from pipelines.launch import launch
-
     with cluster(ctx) as p:
         return launch(cfg, out, p, timeout_s=ctx.spec().train_timeout_s, echo=False)
 
 
 def _metric_rows(metrics_path: Path, t0_ms: int) -> list[dict[str, Any]]:
     """Per-step curves from metrics.jsonl, stamped at the time each step happened."""
-    from training.measure.timeline import read_jsonl
-
     rows = []
     for r in read_jsonl(metrics_path) if metrics_path.exists() else []:
         ts = t0_ms + int(1000 * (r.get("time_s") or 0.0))
@@ -126,8 +125,6 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
     }
 
     def body(t: Tracker, node: str) -> dict:
-        from pipelines.launch import JobFailed, prepare
-        from training.gpt_shape import is_gpt
         from training.trainer import language_model_params
 
         spec = ctx.spec()

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from training.measure.layer_timing import sampled
+from training.models import build_model, example_input, logits_of, sizing_model
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
 _STATE = ("parameters", "gradients", "optimizer", "buffers")
@@ -224,8 +225,6 @@ def model_memory(net: torch.nn.Module, batch_of: Callable[[int], tuple[torch.Ten
     any will do (class 0 of every output: a model of fake tensors, sized without memory)."""
     import torch.nn.functional as F
 
-    from training.models import logits_of
-
     trainable = [p for p in net.parameters() if p.requires_grad]
     state = HeldState(parameters=list(net.parameters()), buffers=list(net.buffers()))
     counts, held = state.count()
@@ -262,8 +261,6 @@ def size_memory(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     """model_memory before anything runs (pipelines/preflight.py): on a few real samples where
     the model is small (training/models.py `sizing_model`: milliseconds), else on fake tensors
     (`fake_memory`); None where the model can run neither way."""
-    from training.models import example_input, sizing_model
-
     with sizing_model(name, input_shape, num_classes, options) as small:
         if small is not None:
             try:
@@ -282,8 +279,6 @@ def fake_memory(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     CPU's fused kernel, which saves less than the meta device's reference one)."""
     global _FAKE
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from training.models import build_model, example_input
 
     _FAKE = True
     try:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from training.config import TrainConfig
+from training.measure.peak import measure_peak_flops, mfu
 from training.measure.timeline import WORKER_PHASES
 
 
@@ -192,11 +193,7 @@ def language_model_figures(cfg: TrainConfig, lead: dict[str, Any], samples_per_s
     if cfg.peak_flops:
         peak: dict[str, Any] = {"flops_per_s": cfg.peak_flops, "source": "option"}
     else:
-        from training.measure.peak import measure_peak_flops
-
         peak = measure_peak_flops(cfg.device.value, threads=cfg.threads)
-    from training.measure.peak import mfu
-
     return {
         "throughput_tokens_per_s": tokens_per_s,
         "mfu": mfu(lm["flops_per_token"], tokens_per_s, peak["flops_per_s"], cfg.workers) if tokens_per_s else None,
