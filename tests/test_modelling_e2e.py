@@ -51,6 +51,10 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
 
     sizes = [4096, 1 << 20, 4 << 20]  # lenet5's 246 KB lie within them
     comm = run_microbench(2, 0, tmp_path / "mb", sizes=sizes, repeats=5)
+    for _ in range(2):  # a microbenchmark timed while other work held the cores is timed again
+        if comm["environment"]["host_other_cpu_share"] <= QUIET:
+            break
+        comm = run_microbench(2, 0, tmp_path / "mb", sizes=sizes, repeats=5)
     prims = {(m["primitive"], m["bytes"]) for m in comm["measurements"]}
     assert prims == {(p, b) for p in ("allreduce", "p2p") for b in sizes}
     assert all(m["median_s"] > 0 and len(m["times_s"]) == 5 for m in comm["measurements"])
