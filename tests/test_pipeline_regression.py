@@ -20,11 +20,10 @@ from scipy import stats
 from pipelines.report.regression import (
     check_runs,
     check_throughput,
-    describe,
-    markdown,
     prediction_test,
     regression_check,
 )
+from pipelines.report.regression_text import describe, markdown
 from pipelines.report.tables import comparison
 from pipelines.spec import RegressionSpec, load_spec
 from tests.homes import copy_home

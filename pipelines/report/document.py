@@ -10,7 +10,7 @@ from typing import Any
 from pipelines.report.console import FASTEST, FIRST, fmt, fmt_scaling, fmt_spread, fmt_time_to_target, marks
 from pipelines.report.plots import plot_names
 from pipelines.report.regression import STATISTIC
-from pipelines.report.regression import markdown as regression_markdown
+from pipelines.report.regression_text import markdown as regression_markdown
 from pipelines.report.tables import PHASES, best_per_config, describe_load, host_load
 from pipelines.report.validation import validation_markdown
 

@@ -26,7 +26,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
     spec = ctx.spec()
 
     def body(t: Tracker, node: str) -> dict:
-        from pipelines.report import document, plots, regression, tables
+        from pipelines.report import document, plots, regression, regression_text, tables
 
         out = ctx.paths.report
         runs = tables.collect_runs(trained_dirs(trained))
@@ -53,7 +53,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         baseline_key = (check["history_run_keys"] or [None])[0]
         regression_tags = {
             "ddlbench.regression": status,
-            "ddlbench.regression_detail": regression.describe(check),
+            "ddlbench.regression_detail": regression_text.describe(check),
             "ddlbench.baseline_run_key": baseline_key or "",
             "ddlbench.inject_delay_ms": f"{check['inject_delay_ms']:g}",
             "ddlbench.inject_where": injected_where(runs),
@@ -74,7 +74,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
             "report_md": str(md),
             "regressions": check["regressions"],
             "status": status,
-            "detail": regression.describe(check),
+            "detail": regression_text.describe(check),
             "history_runs": check["history_runs"],
             "baseline_run_key": baseline_key,
             "best": tables.best_per_config(table),
