@@ -12,6 +12,7 @@ from pathlib import Path
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from pipelines.report import attribution, regression_text
 from pipelines.report import regression_components as rc
 from pipelines.report.regression_stats import run_level
 
@@ -181,17 +182,17 @@ def test_the_model_attributes_a_slower_layer_by_re_predicting_the_baseline() -> 
     comm = fit_comm(load_comm(GRID / "comm.json"))
     run = next(p for p in (GRID / "runs").iterdir() if "ssgd-allreduce" in p.name)
     summary = json.loads((run / "summary.json").read_text())
-    predict = rc.model_predictor(profile, comm, summary)
+    predict = attribution.model_predictor(profile, comm, summary)
     scale = summary["batch_size"] / profile["batch_size"]
     base = {"data": profile.get("data_s", 0.0) * scale}
     for r in profile["layers"]:
         base[f"forward {r['name']}"], base[f"backward {r['name']}"] = r["fwd_s"] * scale, r["bwd_s"] * scale
     target = max((k for k in base if k.startswith("backward")), key=base.get)
     now = base | {target: 2 * base[target]}
-    rows = rc.attribute(now, base, predict, [f"{target} share", "data"])
+    rows = attribution.attribute(now, base, predict, [f"{target} share", "data"])
     assert rows[0]["component"] == f"{target} share" and rows[0]["change"] == 1.0
     assert rows[0]["explains"] == predict(now) / predict(base) - 1 > 0
-    assert rows[-1]["component"] == rc.ALL and rows[-1]["explains"] == rows[0]["explains"]
+    assert rows[-1]["component"] == attribution.ALL and rows[-1]["explains"] == rows[0]["explains"]
     assert [r["explains"] for r in rows if r["component"] == "data"] == [0.0]
 
 
@@ -200,7 +201,7 @@ def test_the_line_names_the_component_and_what_it_explains() -> None:
              "components": {"flagged": ["backward blocks.2 share"], "attribution": [
                  {"component": "backward blocks.2 share", "change": 0.38, "explains": 0.094},
                  {"component": "data", "change": 0.01, "explains": 0.001}]}}
-    assert rc.line(check) == ("iteration +11.1% [+8.7%, +13.6%]: backward blocks.2 share +38.0% explains "
+    assert regression_text.line(check) == ("iteration +11.1% [+8.7%, +13.6%]: backward blocks.2 share +38.0% explains "
                               "+9.4 points; host canary -0.8%")
 
 

@@ -47,23 +47,19 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scipy import stats
 
-from modelling.predict import predict
-from modelling.scenario import Scenario
-from modelling.validate import INSITU_FILE, MIN_INSITU_SAMPLES, insitu_layers
+from modelling.validate import INSITU_FILE, MIN_INSITU_SAMPLES
+from pipelines.report.attribution import ALL, Predictor, attribute, baseline_parts
 
 MAD_SD = 1.4826  # the MAD of a normal sample times this is its SD
 BIWEIGHT_EFFICIENCY = 0.87  # the biweight's variance is the SD's from this fraction of the values
 # Fewer history runs than this carry a component: it is not tested (its spread is unknown).
 MIN_RUNS = 3
 
-Predictor = Callable[[dict[str, float]], float]
-ALL = "all"  # every component swapped in at once
 SHARES = "layer shares"  # the test that some layer's share of the compute moved
 CPU = "cpu "  # a repeat's part in its CPU seconds (a layer's phase, the update)
 
@@ -173,70 +169,6 @@ def gatekept(p_values: dict[str, float]) -> dict[str, float]:
     return first | {c: max(gate, p) for c, p in holm(shares).items()}
 
 
-def baseline_parts(history: list[dict[str, Any]]) -> dict[str, float]:
-    """The history's median of each part's seconds (the parts every history run has)."""
-    keys = set.intersection(*(set(h["seconds"]) for h in history))
-    return {k: statistics.median(h["seconds"][k] for h in history) for k in sorted(keys)}
-
-
-def attribute(now: dict[str, float], base: dict[str, float], predict: Predictor | None,
-              components: list[str]) -> list[dict[str, Any]]:
-    """Each component's part of the iteration's change: the baseline re-predicted with tonight's
-    value of that component alone (`explains`, points of the baseline iteration), and all
-    together (`all`). Without a model (`predict` None) a part explains its own seconds' change
-    against the baseline's iteration, the parts added up."""
-    iteration = predict(base) if predict else sum(base.values())
-    if iteration <= 0:
-        return []
-
-    def swapped(names: list[str]) -> float:
-        value = dict(base)
-        for name in names:
-            value |= {k: now[k] for k in _parts_of(name, now) if k in base}
-        if predict is None or any(k == "update" for k in names):  # the model takes no in-situ update
-            return iteration + sum(now[k] - base[k] for n in names for k in _parts_of(n, now) if k in base)
-        return predict(value)
-
-    rows = [{"component": c, "change": _change(c, now, base), "explains": swapped([c]) / iteration - 1}
-            for c in components]
-    rows.sort(key=lambda r: -r["explains"])
-    return rows + [{"component": ALL, "change": swapped(list(base)) / iteration - 1,
-                    "explains": swapped(list(base)) / iteration - 1}]
-
-
-def _parts_of(component: str, parts: dict[str, float]) -> list[str]:
-    """The parts (seconds) a tested component stands for."""
-    name = component.removesuffix(" share")
-    if name == "compute":
-        return [k for k in parts if k.startswith(("forward ", "backward "))]
-    return [name] if name in parts else []
-
-
-def _change(component: str, now: dict[str, float], base: dict[str, float]) -> float:
-    keys = [k for k in _parts_of(component, now) if k in base]
-    before = sum(base[k] for k in keys)
-    return sum(now[k] for k in keys) / before - 1 if before > 0 else 0.0
-
-
-def model_predictor(profile: dict[str, Any], comm_model: dict[str, Any], summary: dict[str, Any]) -> Predictor | None:
-    """The iteration the DAG model predicts for a run's configuration (its summary.json) from parts
-    in seconds, as validation's model error feeds it (modelling.validate.insitu_layers); None where
-    the model gives no prediction for it."""
-    scenario = Scenario.from_summary(summary)
-    names = [r["name"] for r in profile["layers"]]
-
-    def iteration(parts: dict[str, float]) -> float:
-        insitu = {"batch_size": summary["batch_size"], "data_s": parts.get("data", 0.0),
-                  "layers": [{"name": n, "fwd_s": parts[f"forward {n}"], "bwd_s": parts[f"backward {n}"]}
-                             for n in names]}
-        [p] = predict(insitu_layers(profile, insitu), comm_model, scenario, strict=False)
-        if p.get("iter_time_s") is None:
-            raise ValueError(p.get("no_prediction") or "no prediction")
-        return float(p["iter_time_s"])
-
-    return iteration
-
-
 def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], alpha: float, min_effect: float,
                      predict: Predictor | None = None, host_alpha: float = 0.05) -> dict[str, Any] | None:
     """The component checks of one configuration: `now` and `history` are run-level figures
@@ -334,27 +266,3 @@ def _named_first(rows: list[dict[str, Any]]) -> list[str]:
 def _layer_of(share: str) -> str:
     """The layer a share names: "backward blocks.2 share" -> "blocks.2"."""
     return share.removesuffix(" share").split(" ", 1)[1]
-
-
-def line(check: dict[str, Any]) -> str:
-    """One line a person reads: "iteration +11.2% [+8.9, +13.5]: backward blocks.2 share +38%
-    explains +9.4 points; host canary -0.8%"."""
-    parts = []
-    effect, ci = check.get("effect"), check.get("effect_ci")
-    if effect is not None:
-        head = f"iteration {_pct(-effect / (1 + effect))}"  # throughput's change, as the iteration's
-        if ci:
-            lo, hi = (-c / (1 + c) for c in reversed(ci))
-            head += f" [{_pct(lo)}, {_pct(hi)}]"
-        parts.append(head)
-    comp = check.get("components") or {}
-    named = [r for r in comp.get("attribution", []) if r["component"] in comp.get("flagged", [])][:2]
-    named = named or comp.get("attribution", [])[:1]
-    said = [f"{r['component']} {_pct(r['change'])} explains {r['explains'] * 100:+.1f} points" for r in named]
-    if check.get("host_change") is not None:
-        said.append(f"host canary {_pct(check['host_change'])}")
-    return ": ".join([", ".join(parts) or "components"] + (["; ".join(said)] if said else []))
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:+.1f}%"

@@ -10,8 +10,10 @@ from infra import bounds
 from modelling.memory import largest_batch
 from pipelines.context import RunContext
 from pipelines.preflight import capacity_bytes
-from pipelines.report.regression_components import line as rc_line
+from pipelines.report.attribution import model_predictor
 from pipelines.report.regression_stats import config_figures
+from pipelines.report.regression_text import describe
+from pipelines.report.regression_text import line as rc_line
 from pipelines.spec import config_of
 from pipelines.stages.confirm import apply_confirmations
 from pipelines.stages.grid import placements, spec_scenario
@@ -26,7 +28,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
     spec = ctx.spec()
 
     def body(t: Tracker, node: str) -> dict:
-        from pipelines.report import document, plots, regression, regression_text, tables
+        from pipelines.report import document, plots, regression, tables
 
         out = ctx.paths.report
         runs = tables.collect_runs(trained_dirs(trained))
@@ -53,7 +55,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         baseline_key = (check["history_run_keys"] or [None])[0]
         regression_tags = {
             "ddlbench.regression": status,
-            "ddlbench.regression_detail": regression_text.describe(check),
+            "ddlbench.regression_detail": describe(check),
             "ddlbench.baseline_run_key": baseline_key or "",
             "ddlbench.inject_delay_ms": f"{check['inject_delay_ms']:g}",
             "ddlbench.inject_where": injected_where(runs),
@@ -74,7 +76,7 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
             "report_md": str(md),
             "regressions": check["regressions"],
             "status": status,
-            "detail": regression_text.describe(check),
+            "detail": describe(check),
             "history_runs": check["history_runs"],
             "baseline_run_key": baseline_key,
             "best": tables.best_per_config(table),
@@ -134,7 +136,6 @@ def largest_batches(spec: Any, layers_by: dict[str, dict]) -> dict[str, dict[str
 def _predictors(ctx: RunContext, trained: list[dict]) -> dict[str, Any]:
     """Per config, the model's iteration from in-situ parts (regression_components.model_predictor),
     from the run's profile and comm fit; none where either was skipped."""
-    from pipelines.report.regression_components import model_predictor
     layers_by, model = load_inputs(ctx)
     if not layers_by or model is None:
         return {}
