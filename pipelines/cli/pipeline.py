@@ -59,7 +59,9 @@ def _run(spec: Path, run_key: str | None, home: Path | None, tracking_uri: str |
     trained = next((results.get(s.name, []) for s in rest if s.mapped), [])
     reported = next((results.get(s.name, {}) for s in rest if s.publishes), {})
     validation = json.loads(ctx.paths.validation.read_text()) if ctx.paths.validation.exists() else {}
-    _print_run_summary(console, ctx, trained, validation, reported, done)
+    from pipelines.cli.run_summary import print_run_summary
+
+    print_run_summary(console, ctx, trained, validation, reported, done)
     if failed:
         sys.exit(1)
 
@@ -165,54 +167,6 @@ def _unfinished(ctx: Any) -> dict[str, Any]:
     """`finish`'s result when it could not run to its end (its disk full)."""
     return {"run_key": ctx.run_key, "status": "FAILED", "orphans_failed": [], "synced": False,
             "pending": Journal(ctx.run_dir).pending(), "parent_run_id": None}
-
-
-def _print_run_summary(
-    console: Any,
-    ctx: Any,
-    trained: list[dict[str, Any]],
-    validation: dict[str, Any],
-    result: dict[str, Any],
-    done: dict[str, Any],
-) -> None:
-    from rich.table import Table
-
-    from pipelines.report.console import fmt
-
-    t = Table(title=f"{ctx.run_key}: {done['status']}")
-    t.add_column("run", no_wrap=True, min_width=max([len(e["key"]) for e in trained] + [3]))
-    t.add_column("status")
-    for col in ("throughput samples/s", "iter p50 s", "final accuracy"):
-        t.add_column(col, justify="right")
-    for e in trained:
-        s = json.loads(Path(e["run_dir"], "summary.json").read_text()) if e.get("run_dir") else {}
-        t.add_row(
-            e["key"],
-            e["status"],
-            fmt(s.get("throughput_samples_per_s")),
-            fmt((s.get("iter_time_s") or {}).get("p50")),
-            fmt(s.get("final_accuracy")),
-        )
-    console.print(t)
-    if validation.get("median_abs_error") is not None:
-        from pipelines.report.console import validation_table
-
-        console.print(validation_table(validation))
-    report_json = Path(result["report_md"]).with_name("report.json") if result.get("report_md") else None
-    if report_json is not None and report_json.exists():
-        from pipelines.report.console import comparison_tables
-
-        doc = json.loads(report_json.read_text())
-        for table in comparison_tables(doc["comparison"], doc["best"], title="Algorithms compared"):
-            console.print(table)
-    if result:
-        console.print(
-            f"regression check: {result['status']}"
-            + (f", {result['detail']}" if result.get("detail") else "")
-            + (f" (latest {result['baseline_run_key']})" if result.get("baseline_run_key") else "")
-        )
-        console.print(f"report: {result['report_md']}")
-    console.print(f"MLflow parent run: {done['parent_run_id'] or '(not yet uploaded)'}")
 
 
 run = click.Command(
