@@ -18,8 +18,9 @@
    the same kind) alarms too; whether the slowed component is the first one named; and today's
    end-to-end test alone on the same draws. Rates carry 95% Wilson intervals.
 
-The attribution in the replay adds up the parts' seconds (no model): the recording keeps no
-profile or comm model per run. Resampling draws runs independently, so the host's slow drifts
+The replay's attribution adds up the parts' seconds and the rest of the unslowed iteration
+(`adding_up`) where the nightly re-predicts with the model: the recording keeps no profile or
+comm model. Resampling draws runs independently, so the host's slow drifts
 within a night are not in the replay; the spread is that of one recording session.
 """
 
@@ -34,6 +35,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ from bench_regression import LOCK, REPO, _load, _rate, tenants  # a sibling: ben
 
 from infra.hostload import CpuProbe
 from pipelines.report.regression import check_rerun, check_runs
-from pipelines.report.regression_components import check_components, run_parts
+from pipelines.report.regression_components import CPU, check_components, run_parts
 from pipelines.report.regression_stats import repeat_figures, run_level
 from pipelines.spec import RegressionSpec, grid, load_spec
 
@@ -120,6 +122,15 @@ def _round(rec: dict[str, Any], entry: dict[str, Any], spec: Any, r: int, classe
                     inject_busy=True) | {"round_iter_s": iteration})
 
 
+def adding_up(unslowed: list[dict[str, Any]]) -> Callable[[dict[str, float]], float]:
+    """The iteration from its parts: their sum and the rest of the iteration the unslowed runs
+    measured beside them (the exposed communication, the step's glue), the median over the runs.
+    It stands in for the model's re-prediction, which the recording has no profile for."""
+    rest = statistics.median(r["iter_s"] - sum(v for k, v in r["parts"].items() if not k.startswith(CPU)
+                                               and k != "samples") for r in unslowed)
+    return lambda parts: sum(parts.values()) + max(rest, 0.0)
+
+
 def expected_first(where: str, layer: str) -> tuple[str, ...]:
     """The components whose naming first is right for a slowdown of `where`."""
     if where == "layer":
@@ -139,11 +150,12 @@ def replay(runs: dict[str, list[dict[str, Any]]], which: str, spec: RegressionSp
 
     keys = ("alarm", "confirmed", "e2e", "e2e_confirmed", "components", "named_first", "untested")
     counts = dict.fromkeys(keys, 0)
+    predict = adding_up(base)
     for _ in range(trials):
         hist = [draw(base) for _ in range(history)]
         now = draw(pool)
         e2e = check_runs(now, hist, spec, power=False)["regressed"]
-        parts = check_components(now, hist, spec.alpha, spec.min_effect, host_alpha=spec.host_alpha)
+        parts = check_components(now, hist, spec.alpha, spec.min_effect, predict, spec.host_alpha)
         counts["untested"] += parts is None
         flagged = bool(parts and parts["flagged"])
         counts["e2e"] += e2e
@@ -154,7 +166,7 @@ def replay(runs: dict[str, list[dict[str, Any]]], which: str, spec: RegressionSp
         rerun = draw(pool)
         loose = max(spec.alpha, spec.confirm_alpha)
         e2e_again = check_rerun(rerun, hist, spec, power=False)["regressed"]
-        again = check_components(rerun, hist, loose, spec.min_effect, host_alpha=spec.host_alpha)
+        again = check_components(rerun, hist, loose, spec.min_effect, predict, spec.host_alpha)
         if e2e_again or (again and again["flagged"]):
             counts["confirmed"] += 1
             counts["named_first"] += flagged and parts["flagged"][0] in expected_first(where, layer)
