@@ -25,8 +25,9 @@ NO_CUDA = not torch.cuda.is_available()
 # comm.json's fields before --device: a cpu run writes these and no others.
 COMM_KEYS = {"kind", "schema_version", "workers", "servers", "sizes", "repeats", "link_bytes_per_s", "gap_s",
              "measurements", "environment"}
+# host_other_cpu_share: the launcher's load probe, on the providers that can read it (local, netns).
 ENV_KEYS = {"torch", "backend", "hostname", "cpu_count", "world_size", "python", "tcp_wmem_max", "tcp_rmem_max",
-            "hosts", "nodes"}
+            "hosts", "nodes", "host_other_cpu_share"}
 SPEC_KEYS = {"sizes", "repeats", "timeout_s", "workers", "servers", "link_bytes_per_s", "gap_s"}
 
 
