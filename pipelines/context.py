@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines.rundir import RunDir
 from pipelines.spec import BenchSpec
-from pipelines.tracking import Tracker, resolve_uri
+from pipelines.tracking import Tracker
+from pipelines.tracking.uri import resolve_uri
 
 REPO = Path(__file__).resolve().parent.parent
 

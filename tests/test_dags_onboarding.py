@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.tracking import mask_uri
+from pipelines.tracking.uri import mask_uri
 from tests.airflow_services import all_succeeded
 from tests.conftest import needs_service, require_service
 

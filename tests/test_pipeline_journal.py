@@ -62,7 +62,7 @@ def test_unreachable_server_journals_and_goes_on_offline(tmp_path: Path) -> None
 
 
 def test_tracking_credentials_never_reach_ctx_and_come_from_the_environment(monkeypatch):
-    from pipelines.tracking import mask_uri, resolve_uri
+    from pipelines.tracking.uri import mask_uri, resolve_uri
 
     real = "postgresql://ddlbench:s3cret@127.0.0.1:5432/ddlbench_mlflow"
     stored = mask_uri(real)

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from infra.credentials import mask_secrets
 from pipelines.spec import SpecError, load_spec
-from pipelines.tracking import Tracker, mask_uri, resolve_uri
+from pipelines.tracking import Tracker
+from pipelines.tracking.uri import mask_uri, resolve_uri
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "specs" / "smoke.yaml"

@@ -21,8 +21,9 @@ from pipelines.spec.load import load_file
 from pipelines.spec.trigger import check_trigger, check_trigger_provider, spec_file
 from pipelines.spec.trigger import home_dir as trigger_home
 from pipelines.stages.runner import cluster, cluster_handle, provider, run_once, run_tags, tracker, write_json
-from pipelines.tracking import PARENT, Tracker, mask_uri
+from pipelines.tracking import PARENT, Tracker
 from pipelines.tracking.journal import now_ms
+from pipelines.tracking.uri import mask_uri
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 

@@ -10,8 +10,9 @@ trying for a while and the pipeline goes on. When the run directory vanishes, wi
 in it, the tracker ends the run's runs in MLflow directly, FAILED, and raises `RunDirGone`.
 
 The package is everything between a stage and MLflow: this module's `Tracker`, the journal each
-call goes to first (`journal`), its upload (`upload`) and the ending of runs whose owner died
-(`stranded`). It may import the run context and infra; the stages and the CLI import it.
+call goes to first (`journal`), its upload (`upload`), the ending of runs whose owner died
+(`stranded`) and the tracking URI with its password masked (`uri`). It may import the run context
+and infra; the stages and the CLI import it.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from infra.credentials import MASK, mask_secrets
+from infra.credentials import mask_secrets
 from pipelines.rundir import STATUS
 from pipelines.tracking.journal import Journal, RunDirGone, now_ms, owner, owner_alive
 from pipelines.tracking.stranded import end_stranded
 from pipelines.tracking.upload import Uploader, groups, is_rejection
+from pipelines.tracking.uri import mask_uri
 
 log = logging.getLogger(__name__)
 
@@ -282,21 +284,3 @@ class Tracker:
         log.warning("MLflow rejected a journal entry (%s); kept in journal.rejected.jsonl", error[:300])
         with open(self.run_dir / "journal.rejected.jsonl", "a") as f:
             f.write(json.dumps({"entry": entry, "error": error}, default=str) + "\n")
-
-
-def mask_uri(uri: str) -> str:
-    """The tracking URI without its password: what ctx.json, XCom and logs may hold."""
-    return mask_secrets(uri)
-
-
-def resolve_uri(stored: str) -> str:
-    """The real URI for a masked one: credentials come from the environment only."""
-    if MASK not in stored:
-        return stored
-    real = os.environ.get("MLFLOW_TRACKING_URI", "")
-    if mask_uri(real) != stored:
-        raise RuntimeError(
-            f"tracking_uri: {stored} needs its credentials from MLFLOW_TRACKING_URI in this process's "
-            "environment (an Airflow connection or the deployment's env file), and that is not set to it"
-        )
-    return real
