@@ -16,7 +16,8 @@ import yaml
 
 from infra import bounds, provider_options_model
 from pipelines.spec import BenchSpec
-from pipelines.spec.sections import MicrobenchSpec, ProfileSpec, RegressionSpec, WhatIfSpec
+from pipelines.spec.alarm import RegressionSpec
+from pipelines.spec.sections import MicrobenchSpec, ProfileSpec, WhatIfSpec
 from pipelines.spec.trigger import HOME_ROOT_ENV, SPEC_DIRS_ENV
 from training.config import TrainConfig
 

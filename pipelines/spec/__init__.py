@@ -27,6 +27,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from infra import bounds
 from infra.credentials import mask_secrets
 from infra.units import parse_rate
+from pipelines.spec.alarm import RegressionSpec, TrackingSpec
 from pipelines.spec.load import (
     SpecError,
     by_field,
@@ -45,10 +46,8 @@ from pipelines.spec.sections import (
     NetworkSpec,
     ProfileSpec,
     ProviderSpec,
-    RegressionSpec,
     Section,
     Suite,
-    TrackingSpec,
     WhatIfSpec,
     Workload,
 )

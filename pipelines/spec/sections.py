@@ -1,5 +1,6 @@
 """The sections of the benchmark spec (pipelines/spec/__init__.py's BenchSpec): provider,
-workloads, algorithms, network, microbench, profile, what-ifs, regression, tracking.
+workloads, algorithms, network, microbench, profile, what-ifs, memory; the regression alarm's
+and tracking's are in pipelines/spec/alarm.py.
 
 The profile and microbench sections are modelling's own settings
 (modelling.measure.configs) with an `enabled` flag; link rates read through
@@ -252,60 +253,3 @@ class MemorySpec(Section):
         if v is not None and v <= 0:
             raise ValueError(f"must be more than 0 bytes, got {v}")
         return v
-
-
-class RegressionSpec(Section):
-    """The regression alarm (pipelines/report/regression.py): this run against its history."""
-
-    history: int = Field(
-        10, ge=2, le=100, description="Earlier FINISHED runs of the same spec and hardware compared against."
-    )
-    min_history: int = Field(
-        3, ge=2, le=100, description="Fewer earlier runs than this: no statement, the check says the history is short."
-    )
-    alpha: float = Field(
-        0.01, gt=0, lt=0.5, description="Significance of the one-sided test (A/A false alarms: bench_regression.py)."
-    )
-    min_effect: float = Field(
-        0.05,
-        gt=0,
-        lt=1,
-        description="Smallest throughput slowdown (fraction) that is a regression, however significant.",
-    )
-    confirm_alpha: float = Field(
-        0.1,
-        gt=0,
-        lt=0.5,
-        description="Significance at which a suspect's rerun confirms its alarm (alpha where that is "
-        "larger): a second stage, so the false alarms that stand are about alpha x confirm_alpha.",
-    )
-    host_alpha: float = Field(
-        0.05,
-        gt=0,
-        lt=1,
-        description="Significance of the two-sided test that the host's canary moved; where it did, the test "
-        "relative to the canary decides, elsewhere the raw one.",
-    )
-    prediction_error_rise: float = Field(
-        0.10, gt=0, description="Smallest rise of the median absolute prediction error (absolute) that is a regression."
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "throughput_drop" in data:
-            raise ValueError(
-                "throughput_drop: renamed min_effect (the smallest slowdown that is a regression, now judged "
-                "against the history of the spec with a statistical test)"
-            )
-        return data
-
-    @model_validator(mode="after")
-    def _check(self) -> RegressionSpec:
-        if self.min_history > self.history:
-            raise ValueError(f"min_history: {self.min_history} is above history ({self.history})")
-        return self
-
-
-class TrackingSpec(Section):
-    system_metrics: bool = Field(True, description="Sample CPU/memory into the training runs.")
