@@ -112,7 +112,7 @@ def _round(rec: dict[str, Any], entry: dict[str, Any], spec: Any, r: int, classe
     runs.setdefault(UNSLOWED, []).extend(base)
     iteration = statistics.median(b["iter_s"] for b in base)
     if config not in rec["layers"]:  # one layer a recording: a night's repeats slow the same one
-        names = sorted({k.split(" ", 1)[1] for k in base[0]["parts"]["seconds"] if k.startswith("forward ")})
+        names = sorted({k.split(" ", 1)[1] for k in base[0]["parts"] if k.startswith("forward ")})
         rec["layers"][config] = rng.choice(names)
     for where in classes:
         target = f"layer:{rec['layers'][config]}" if where == "layer" else where
