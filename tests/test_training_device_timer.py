@@ -99,7 +99,10 @@ def test_a_cpu_layers_cpu_seconds_leave_out_the_time_it_was_off_its_core(off_cor
     cpu = rows[name]["fwd_cpu_s"]
     assert min(wall) >= 0.03
     if off_core:
-        assert cpu < 0.03 <= min(wall) - cpu, (cpu, wall)
+        # The wait is in no CPU second: the layer's CPU seconds (the median of the samples) stay an
+        # order below it. Not min(wall) - cpu >= wait: that sets one sample's wall against the
+        # median's CPU seconds, and the sleep's own system call is CPU time inside its wall time.
+        assert cpu < 0.03 / 10, (cpu, wall)
     else:
         assert cpu >= 0.03, (cpu, wall)
     assert all(r["fwd_cpu_s"] >= 0 and r["bwd_cpu_s"] > 0 for r in rows.values()), rows
