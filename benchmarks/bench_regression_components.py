@@ -148,7 +148,7 @@ def replay(runs: dict[str, list[dict[str, Any]]], which: str, spec: RegressionSp
     def draw(src: list[dict[str, Any]]) -> dict[str, Any]:
         return run_level([src[i] for i in rng.integers(len(src), size=repeats)])
 
-    keys = ("alarm", "confirmed", "e2e", "e2e_confirmed", "components", "named_first", "untested")
+    keys = ("confirmed", "e2e_confirmed", "components", "named_first")
     counts = dict.fromkeys(keys, 0)
     predict = adding_up(base)
     for _ in range(trials):
@@ -156,13 +156,10 @@ def replay(runs: dict[str, list[dict[str, Any]]], which: str, spec: RegressionSp
         now = draw(pool)
         e2e = check_runs(now, hist, spec, power=False)["regressed"]
         parts = check_components(now, hist, spec.alpha, spec.min_effect, predict, spec.host_alpha)
-        counts["untested"] += parts is None
         flagged = bool(parts and parts["flagged"])
-        counts["e2e"] += e2e
         counts["components"] += flagged
         if not (e2e or flagged):
             continue
-        counts["alarm"] += 1
         rerun = draw(pool)
         loose = max(spec.alpha, spec.confirm_alpha)
         e2e_again = check_rerun(rerun, hist, spec, power=False)["regressed"]
