@@ -284,3 +284,17 @@ def test_compare_prints_the_runs_found_by_search(pipeline: dict[str, Any]) -> No
     assert "samples/s" in "\n".join(block)
     out = runner.invoke(cli, ["compare", "--suite", "adhoc", "--since", "2999-01-01", "--home", home])
     assert "no runs found" in out.output
+
+
+def test_the_report_keeps_each_configs_link_as_the_microbenchmark_measured_it(pipeline: dict[str, Any]) -> None:
+    """The regression's figures of each config carry the pipeline's fit of the primitive it
+    transfers with (regression_comm.py), so the next night tests the link against this one."""
+    report = json.loads((pipeline["run_dir"] / "report" / "report.json").read_text())
+    runs = report["regression"]["runs"]
+    assert {c: list(r["comm"]) for c, r in runs.items()} == {
+        "lenet5-ssgd-allreduce-w2-b32": ["allreduce"], "lenet5-odsgd-ps-w2-b32": ["ps"],
+        "lenet5-asgd-ps-w2-b32": ["asgd"]}
+    model = json.loads((pipeline["run_dir"] / "fit" / "model.json").read_text())
+    for r in runs.values():
+        [(prim, fit)] = r["comm"].items()
+        assert fit in [f for f in model["fits"] if f["primitive"] == prim]

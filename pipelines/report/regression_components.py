@@ -14,7 +14,9 @@ against its history on its own:
   workload's alone: a raw test would read a host slower by less than the canary's spread can
   show (a test of the canary would not call it moved) as a regression of the workload. The
   canary's own noise joins theirs, the price of a test that holds whatever the host did;
-- **data**, raw.
+- **data**, raw;
+- the **link**: the pipeline's microbenchmark of the primitive the configuration transfers with,
+  its latency and per-byte cost (regression_comm.py).
 
 CPU work (the layers, the update) is in CPU seconds where tonight and every history run have them
 (a CPU rank, training/measure/layer_timing.py): other work on the cores takes a rank off its core in
@@ -26,7 +28,7 @@ the baseline's wall time of each CPU part as its CPU seconds moved tonight.
 The statistic is robust to the heavy tails of a shared host's runs: the history's median and its
 biweight spread, a prediction test against Student's t with the degrees of freedom the biweight's
 efficiency leaves (0.87 of the SD's). The components of one configuration are tested by closed
-testing: Holm's step-down among the parts of the iteration (compute, update, data) and one test
+testing: Holm's step-down among the parts of the iteration (compute, update, data, the link) and one test
 that some layer's share moved; the layers' shares, with Holm among them, only where that one
 rejects. Together they keep the chance of any false component alarm at alpha. A component is flagged
 where its adjusted p-value is below alpha and the model says it explains more than min_effect of
@@ -53,6 +55,7 @@ from typing import Any
 from scipy import stats
 
 from modelling.validate import INSITU_FILE, MIN_INSITU_SAMPLES
+from pipelines.report import regression_comm as rcomm
 from pipelines.report.attribution import ALL, Predictor, attribute, baseline_parts
 
 MAD_SD = 1.4826  # the MAD of a normal sample times this is its SD
@@ -187,6 +190,14 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     raw_now, raw_hist = figures(now["parts"], None, cpu), [figures(h["parts"], None, cpu) for h in past]
     tests = {c: robust_test(v, [f[c] for f in raw_hist]) | {"basis": "raw"} for c, v in raw_now.items()
              if all(c in f for f in raw_hist)}
+    # The link, as the pipeline's microbenchmark measured each primitive the configuration uses.
+    comm_hist = [rcomm.figures(h.get("comm")) for h in past]
+    tests |= {c: robust_test(v, [f[c] for f in comm_hist]) | {"basis": "microbenchmark"}
+              for c, v in rcomm.figures(now.get("comm")).items() if all(c in f for f in comm_hist)}
+    tested = {rcomm.primitive_of(c) for c in tests} - {None}
+    base_fits = rcomm.baseline([h["comm"] for h in past]) if tested else {}
+    comm = ({p: f for p, f in base_fits.items() if p in tested}, {p: now["comm"][p] for p in tested & set(base_fits)})
+    components = [c for c in tests if rcomm.primitive_of(c) is None] + sorted(comm[1])
     moved = False
     if has_canary:
         host = robust_test(now["canary_gemm_log"], [h["canary_gemm_log"] for h in past])
@@ -212,14 +223,14 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     else:
         seconds = {k: v if k == "data" else v * speed for k, v in seconds.items()}
     try:
-        attribution = attribute(seconds, base, predict, list(tests))
+        attribution = attribute(seconds, base, predict, components, comm)
     except (KeyError, ValueError):  # the model cannot take these parts: they explain what they add up to
         predict = None
-        attribution = attribute(seconds, base, None, list(tests))
+        attribution = attribute(seconds, base, None, components, comm)
     explains = {r["component"]: r["explains"] for r in attribution}
     rows = [{"component": c, "basis": t["basis"], "change": t["change"], "p_value": t["p_value"],
              "p_adjusted": adjusted[c],
-             "explains": explains.get(c, 0.0),
+             "explains": explains.get(rcomm.primitive_of(c) or c, 0.0),
              "flagged": adjusted[c] < alpha and _effect(c, explains) > min_effect}
             for c, t in tests.items()]
     rows.sort(key=lambda r: r["p_adjusted"])
@@ -235,7 +246,7 @@ def _effect(component: str, explains: dict[str, float]) -> float:
     backward together. A slower layer (a kernel, a shape) slows both passes, each tested apart,
     so either pass alone would hold half of the layer's change to the whole threshold."""
     if not component.endswith(" share"):
-        return explains.get(component, 0.0)
+        return explains.get(rcomm.primitive_of(component) or component, 0.0)
     layer = _layer_of(component)
     return sum(explains.get(f"{phase} {layer} share", 0.0) for phase in ("forward", "backward"))
 

@@ -26,13 +26,14 @@ THROUGHPUT = "throughput_samples_per_s"
 
 def _check(ctx: RunContext, t: Tracker, trained: list[dict]) -> dict[str, Any]:
     from pipelines.report.regression import find_history, injected_delay_ms, regression_check
-    from pipelines.report.regression_stats import config_figures
+    from pipelines.stages.figures import predictors, run_figures
     spec = ctx.spec()
     done = trained_dirs(trained)
     runs = collect_runs(done)
     history = find_history(t, ctx.as_dict(), spec.regression.history)
     return regression_check(comparison(runs), None, history, spec.regression,
-                            injected_delay_ms(runs), config_figures(done), host_load=host_load(runs))
+                            injected_delay_ms(runs), run_figures(ctx, trained), predictors(ctx, trained),
+                            host_load(runs))
 
 
 def suspects(ctx: RunContext, trained: list[dict]) -> list[dict]:
@@ -56,13 +57,13 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
     `confirmed` if it alarms too (p < confirm_alpha and a slowdown above min_effect)."""
     from pipelines.report.regression import check_rerun, find_history, history_runs
     from pipelines.report.regression_components import check_components
-    from pipelines.report.regression_stats import config_figures
+    from pipelines.stages.figures import predictors, run_figures
     config = suspect["config"]
     reruns = [train(ctx, {**e, "key": PREFIX + e["key"]}) for e in suspect["entries"]]
 
     def body(t: Tracker, node: str) -> dict:
         spec = ctx.spec()
-        figures = config_figures(trained_dirs(reruns))
+        figures = run_figures(ctx, reruns)
         now = figures.get(PREFIX + config)
         history = find_history(t, ctx.as_dict(), spec.regression.history) or []
         past = [r for _, r in history_runs(history, config)]
@@ -72,7 +73,8 @@ def confirm(ctx: RunContext, suspect: dict) -> dict:
         res = check_rerun(now, past, spec.regression)
         # A component's alarm is confirmed by the rerun's components at the rerun's looser alpha.
         r = spec.regression
-        parts = check_components(now, past, max(r.alpha, r.confirm_alpha), r.min_effect, host_alpha=r.host_alpha)
+        parts = check_components(now, past, max(r.alpha, r.confirm_alpha), r.min_effect,
+                                 predictors(ctx, reruns).get(PREFIX + config), r.host_alpha)
         confirmed = res["regressed"] or bool(parts and parts["flagged"])
         t.log_metrics(node, {"p_value": res["p_value"], "change": res["effect"]})
         t.set_tags(node, {"ddlbench.confirmed": str(confirmed).lower()})

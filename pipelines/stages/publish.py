@@ -10,15 +10,13 @@ from infra import bounds
 from modelling.memory import largest_batch
 from pipelines.context import RunContext
 from pipelines.preflight import capacity_bytes
-from pipelines.report.attribution import model_predictor
-from pipelines.report.regression_stats import config_figures
 from pipelines.report.regression_text import describe
 from pipelines.report.regression_text import line as rc_line
-from pipelines.spec import config_of
 from pipelines.stages.confirm import apply_confirmations
+from pipelines.stages.figures import predictors, run_figures
 from pipelines.stages.grid import placements, spec_scenario
 from pipelines.stages.model import trained_dirs
-from pipelines.stages.runner import load_inputs, run_once, tracker, workload_dir, write_json
+from pipelines.stages.runner import load_inputs, run_once, tracker, write_json
 from pipelines.tracking import PARENT, Tracker
 
 
@@ -36,10 +34,9 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         val = json.loads(Path(val_path).read_text()) if val_path else None
         table = tables.comparison(runs)
         history = regression.find_history(t, ctx.as_dict(), spec.regression.history)
-        figures = config_figures(trained_dirs(trained))
         check = regression.regression_check(table, val, history, spec.regression,
-                                            regression.injected_delay_ms(runs), figures,
-                                            _predictors(ctx, trained), tables.host_load(runs))
+                                            regression.injected_delay_ms(runs), run_figures(ctx, trained),
+                                            predictors(ctx, trained), tables.host_load(runs))
         check = apply_confirmations(check, confirmations)
         profile = ctx.paths.hardware_profile  # an onboarding run's, recorded before the report
         largest = json.loads(profile.read_text()).get("largest_batch") if profile.exists() else None
@@ -130,24 +127,4 @@ def largest_batches(spec: Any, layers_by: dict[str, dict]) -> dict[str, dict[str
             s = spec_scenario(spec, algo, workers, placed)
             row[algo.label] = (None if capacity is None else
                                largest_batch(layers, s, device, capacity, bounds.BATCH_SIZE.limit))
-    return out
-
-
-def _predictors(ctx: RunContext, trained: list[dict]) -> dict[str, Any]:
-    """Per config, the model's iteration from in-situ parts (regression_components.model_predictor),
-    from the run's profile and comm fit; none where either was skipped."""
-    layers_by, model = load_inputs(ctx)
-    if not layers_by or model is None:
-        return {}
-    spec, out = ctx.spec(), {}
-    for e in trained_dirs(trained):
-        summary_path = Path(e["run_dir"], "summary.json")
-        if config_of(e["key"]) in out or not summary_path.exists():
-            continue
-        summary = json.loads(summary_path.read_text())
-        trained_on = (summary.get("model"), (summary.get("config") or {}).get("dataset"))
-        for wl in spec.workloads:
-            layers = layers_by.get(workload_dir(wl, summary["batch_size"]))
-            if layers and trained_on == (wl.model, wl.dataset):
-                out[config_of(e["key"])] = model_predictor(layers, model, summary)
     return out
