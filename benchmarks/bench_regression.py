@@ -196,6 +196,10 @@ def _rate(k: int, n: int) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:3] == ["--where", "link"]:  # a slower link: the link component's benchmark
+        from bench_regression_link import main as link
+
+        return link(sys.argv[3:])
     if "--where" in sys.argv:  # slowdowns per component class: the component alarm's benchmark
         from bench_regression_components import main as components
 

@@ -127,3 +127,12 @@ def test_the_line_names_a_slower_link() -> None:
     check = {"effect": -0.12, "components": {"flagged": ["ps per-byte"], "attribution": [
         {"component": "ps", "change": 0.5, "explains": 0.131}, {"component": "data", "change": 0.0, "explains": 0.0}]}}
     assert regression_text.line(check) == "iteration +13.6%: ps +50.0% explains +13.1 points"
+
+
+def test_a_links_two_figures_cost_the_family_one_test() -> None:
+    """Closed testing: the link's primitive is one group at the top (its smallest p-value times
+    its two figures), its figures adjusted within it and never below the group's."""
+    adjusted = rc.gatekept({"compute": 0.004, "data": 0.9, "allreduce latency": 0.5, "allreduce per-byte": 0.004})
+    # Holm at the top over compute (0.004), the link (0.008) and data: 0.012, 0.016, 0.9.
+    assert adjusted == pytest.approx({"compute": 0.012, "data": 0.9, "allreduce per-byte": 0.016,
+                                      "allreduce latency": 0.5})

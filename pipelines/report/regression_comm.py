@@ -67,17 +67,28 @@ def primitive_of(component: str) -> str | None:
     return None
 
 
-def baseline(history: list[dict[str, Any]]) -> dict[str, Any]:
+def baseline(history: list[dict[str, Any]], tonight: dict[str, Any] | None = None) -> dict[str, Any]:
     """The history's median fit of each primitive every history run recorded with one shape
-    (the same sizes): each numeric field, scalar or per size, the median of the history's; the
-    rest as the newest run had it."""
+    (the same sizes): each numeric field, scalar or per size, the median of the history's. The
+    rest (whether the fit is usable, its flags) as tonight's fit has them where given, else the
+    newest run's: the model then takes both fits the same way, and the swap moves only what was
+    measured."""
     prims = set.intersection(*(set(c) for c in history)) if history else set()
-    return {p: _median_fit([c[p] for c in history]) for p in sorted(prims)
+    return {p: _median_fit([c[p] for c in history], (tonight or {}).get(p)) for p in sorted(prims)
             if len({len(c[p].get("measured_s") or []) for c in history}) == 1}
 
 
-def _median_fit(fits: list[dict[str, Any]]) -> dict[str, Any]:
-    return {k: _median([f.get(k) for f in fits]) if all(k in f for f in fits) else v for k, v in fits[0].items()}
+def _median_fit(fits: list[dict[str, Any]], like: dict[str, Any] | None) -> dict[str, Any]:
+    like = like or fits[0]
+    return {k: _median([f.get(k) for f in fits]) if all(k in f for f in fits) and _numbers(v) else v
+            for k, v in like.items()}
+
+
+def _numbers(v: Any) -> bool:
+    """A number, or a (nested) list of them: what a fit measured."""
+    if isinstance(v, list):
+        return all(_numbers(x) for x in v)
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _median(values: list[Any]) -> Any:
@@ -87,6 +98,16 @@ def _median(values: list[Any]) -> Any:
     if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
         return [_median(list(column)) for column in zip(*values, strict=True)]
     return values[0]
+
+
+def as_measured(fit: dict[str, Any]) -> dict[str, Any]:
+    """A fit the model prices by its measurements (modelling/costs.py: the measured times for the
+    world they were taken in), whatever its flags. A flag says whether the fitted line may stand
+    for the link (a slope faster than the link, a line that noise made flat) and sends the model
+    to the stated rate instead; the attribution asks what tonight's measured costs did against
+    the history's, on the cluster the training ran on, so both take the same path and a flag
+    that one night's noise raised moves nothing."""
+    return fit | {"usable": True, "flags": []}
 
 
 def swapped(model: dict[str, Any], fits: dict[str, Any]) -> dict[str, Any]:

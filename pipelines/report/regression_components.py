@@ -160,16 +160,24 @@ def holm(p_values: dict[str, float]) -> dict[str, float]:
 
 def gatekept(p_values: dict[str, float]) -> dict[str, float]:
     """Adjusted p-values of a configuration's components by closed testing, which keeps the chance
-    of any false alarm at alpha: Holm among the parts of the iteration (compute, update, data) and
-    one test that some layer's share moved (the smallest share p-value times their number); a
-    layer's adjusted p-value is at least that test's, and Holm's among the shares."""
-    shares = {c: p for c, p in p_values.items() if c.endswith(" share")}
-    top = {c: p for c, p in p_values.items() if c not in shares}
-    if shares:
-        top[SHARES] = min(1.0, min(shares.values()) * len(shares))
+    of any false alarm at alpha: Holm among the parts of the iteration (compute, update, data), one
+    test that some layer's share moved (the smallest share p-value times their number) and one per
+    primitive of the link (its figures alike); a member's adjusted p-value is at least its
+    group's test's, and Holm's within the group."""
+    groups: dict[str, dict[str, float]] = {}
+    top: dict[str, float] = {}
+    for c, p in p_values.items():
+        group = SHARES if c.endswith(" share") else rcomm.primitive_of(c)
+        if group:
+            groups.setdefault(group, {})[c] = p
+        else:
+            top[c] = p
+    top |= {g: min(1.0, min(ps.values()) * len(ps)) for g, ps in groups.items()}
     first = holm(top)
-    gate = first.pop(SHARES, 1.0)
-    return first | {c: max(gate, p) for c, p in holm(shares).items()}
+    out = {c: p for c, p in first.items() if c not in groups}
+    for g, ps in groups.items():
+        out |= {c: max(first[g], p) for c, p in holm(ps).items()}
+    return out
 
 
 def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], alpha: float, min_effect: float,
@@ -195,8 +203,9 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     tests |= {c: robust_test(v, [f[c] for f in comm_hist]) | {"basis": "microbenchmark"}
               for c, v in rcomm.figures(now.get("comm")).items() if all(c in f for f in comm_hist)}
     tested = {rcomm.primitive_of(c) for c in tests} - {None}
-    base_fits = rcomm.baseline([h["comm"] for h in past]) if tested else {}
-    comm = ({p: f for p, f in base_fits.items() if p in tested}, {p: now["comm"][p] for p in tested & set(base_fits)})
+    base_fits = rcomm.baseline([h["comm"] for h in past], now["comm"]) if tested else {}
+    comm = ({p: rcomm.as_measured(f) for p, f in base_fits.items() if p in tested},
+            {p: rcomm.as_measured(now["comm"][p]) for p in tested & set(base_fits)})
     components = [c for c in tests if rcomm.primitive_of(c) is None] + sorted(comm[1])
     moved = False
     if has_canary:
