@@ -27,6 +27,7 @@ from infra import bounds
 from infra.placement import Placement, PlacementError, Policy, place
 
 if TYPE_CHECKING:
+    from infra.node_usage import NodeUsage
     from infra.options import ProviderOptions
 
 
@@ -301,6 +302,12 @@ class Provider(ABC):
 
     def place_job(self, job: Job) -> Placement:
         return self.place(job.world_size - job.servers, job.servers)
+
+    def node_usage(self) -> dict[str, NodeUsage] | None:
+        """Each node's own CPU, memory and link bytes by node name (infra/node_usage.py), for
+        per-node system metrics; None where the host's own metrics are the node's (one host) or
+        the provider cannot read its nodes from here."""
+        return None
 
     def provision_shared(self, owner: int | None = None) -> list[Node]:
         """Provision a cluster that outlives this process, for the other tasks of one pipeline run

@@ -49,6 +49,7 @@ from infra.base import (
     torchrun_argv,
 )
 from infra.lifeline import Launcher, importable_env
+from infra.node_usage import NodeUsage, link_bytes, namespace_pids, processes
 from infra.options import PlacementOptions, integer_at_least
 from infra.units import parse_rate  # bytes per second
 
@@ -339,6 +340,16 @@ class NetnsProvider(Provider):
             envs.append(base_env(self.threads) | job.env | ifname)
         return run_processes(argvs, envs, job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0,
                              cancel=job.cancel)
+
+    def node_usage(self) -> dict[str, NodeUsage]:
+        """Each node's CPU, memory and link bytes (infra/node_usage.py), by node name. The link's
+        host end sees the node's traffic mirrored: what it receives, the node sent."""
+        out = {}
+        for i in range(self.nodes):
+            cpu, rss, alive = processes(namespace_pids(self.ns_name(i)))
+            received, sent = link_bytes(self._host_ifname(i))
+            out[f"node-{i}"] = NodeUsage(cpu, rss, sent, received, alive)
+        return out
 
     def teardown(self) -> None:
         _remove_cluster(self.tag, [self.ns_name(i) for i in range(self.nodes)])

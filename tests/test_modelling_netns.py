@@ -160,3 +160,32 @@ def test_an_issue_spec_is_measured_predicted_and_validated(tmp_path: Path, spec:
         assert r["placement"] == label and r["predicted_iter_s"] > 0 and r["measured_iter_s"] > 0
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "FINISHED", status
+    if spec == "asgd75.yaml":  # its spec samples system metrics: each node's own series, by node
+        _holds_per_node_series(tmp_path, nodes=2)
+
+
+def _holds_per_node_series(home: Path, nodes: int) -> None:
+    """Every training run holds each node's CPU, memory and network, under MLflow's node layout:
+    every node moved bytes over its link (the gradients cross it) and held memory; what one node
+    sent, the other received, to what the bridge's own frames add."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ddlbench-adhoc").experiment_id
+    trains = client.search_runs([exp], "tags.`ddlbench.node` LIKE 'train/%'")
+    assert trains
+    for run in trains:
+        m = run.data.metrics
+        assert "system/cpu_utilization_percentage" in m  # the host's own, as before
+
+        def series(key: str, run_id: str = run.info.run_id) -> list[float]:
+            return [x.value for x in client.get_metric_history(run_id, key)]
+
+        for i in range(nodes):
+            node = f"system/node-{i}/"
+            assert m[node + "network_transmit_megabytes"] > 0 and max(series(node + "memory_rss_megabytes")) > 0, m
+            cpu = series(node + "cpu_utilization_percentage")
+            assert max(cpu) > 0 and all(0 <= c <= 100 for c in cpu), cpu
+        sent = [m[f"system/node-{i}/network_transmit_megabytes"] for i in range(nodes)]
+        received = [m[f"system/node-{i}/network_receive_megabytes"] for i in range(nodes)]
+        assert sum(received) == pytest.approx(sum(sent), rel=0.05), (sent, received)

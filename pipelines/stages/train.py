@@ -12,10 +12,11 @@ from typing import Any
 from pipelines.context import RunContext
 from pipelines.launch import JobFailed, launch, prepare
 from pipelines.metrics import summary_metrics
-from pipelines.spec import BenchSpec, config_of, flatten, grid
-from pipelines.stages.runner import cluster, provider, run_once, tracker, write_json
+from pipelines.spec import config_of, flatten, grid
+from pipelines.stages.runner import cluster, cluster_handle, provider, run_once, tracker, write_json
 from pipelines.tracking import Tracker
 from pipelines.tracking.journal import now_ms
+from pipelines.tracking.node_metrics import NodeMetrics
 from training.gpt_shape import is_gpt
 from training.measure.timeline import read_jsonl
 
@@ -92,24 +93,43 @@ def _metric_rows(metrics_path: Path, t0_ms: int) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def _system_metrics(t: Tracker, node: str, spec: BenchSpec) -> Iterator[None]:
-    """CPU/memory/network sampled into the run while it trains, when MLflow is reachable.
+def _system_metrics(t: Tracker, node: str, ctx: RunContext) -> Iterator[None]:
+    """CPU/memory/network sampled into the run while it trains, when MLflow is reachable: the
+    host's (MLflow's monitor) and, on a multi-node cluster the provider can read, each node's
+    own (pipelines/tracking/node_metrics.py).
 
     Sampled live, not journaled: when MLflow is down there is nothing to replay.
     """
+    spec = ctx.spec()
     run_id = t.run_id(node)
     if not (spec.tracking.system_metrics and t.online and run_id):
         yield
         return
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
     monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=t.tracking_uri)
     monitor.start()
+    cluster_nodes, handle = provider(spec), cluster_handle(ctx)
+    client = MlflowClient(tracking_uri=t.tracking_uri)
+
+    def log(metrics: dict[str, float], step: int) -> None:
+        stamp = now_ms()
+        client.log_batch(run_id, metrics=[Metric(k, v, stamp, step) for k, v in metrics.items()])
+
+    per_node = None
+    if handle and cluster_nodes.nodes > 1:
+        with suppress(Exception):  # a cluster it cannot read has no per-node series, and trains
+            cluster_nodes.adopt(handle)
+            per_node = NodeMetrics(cluster_nodes.node_usage, log).start()
     try:
         yield
     finally:
         with suppress(Exception):  # samples are a nicety; never fail a run on them
             monitor.finish()
+        if per_node is not None:
+            per_node.stop()
 
 
 def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
@@ -138,7 +158,7 @@ def train(ctx: RunContext, entry: dict, launch: Launch = launch_job) -> dict:
             t.log_params(node, flatten(language_model_params(cfg), "language_model."))
         t0 = now_ms()
         try:
-            with _system_metrics(t, node, spec):
+            with _system_metrics(t, node, ctx):
                 summary = launch(ctx, cfg, out)
         except JobFailed:
             t.log_artifact(node, out / "launcher.log", "training")  # why it failed, next to the run
