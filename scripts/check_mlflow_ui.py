@@ -13,7 +13,9 @@ PASS or FAIL, with a screenshot of each view under OUT:
 2. grouped.png: grouped by the `ddlbench.config` tag, each configuration is one group
    row holding its repeats (the runs table's "Group by"; MLflow shows min/mean/max of
    the group's metrics in its charts);
-3. compare.png: the compare view of two training runs shows their params and metrics.
+3. compare.png: the compare view of two training runs shows their params and metrics;
+4. system.png: a training run's system metrics tab charts each node's own series where the
+   run has them (a multi-node netns run: `system/node-<i>/...`, pipelines/tracking/node_metrics.py).
 
 Exit status 1 when a check fails.
 """
@@ -137,6 +139,29 @@ def main() -> None:
             metric = next(iter(sorted(training[0].data.metrics)), "")
             check("compare view", all(client.get_run(i).info.run_name in text for i in pair) and metric in text,
                   f"both runs and the metric {metric!r} shown", failures)
+
+            nodes = sorted({k.split("/")[1] for r in training for k in r.data.metrics
+                            if k.startswith("system/node-")})
+            if nodes:
+                run = next(r for r in training if any(k.startswith("system/node-") for k in r.data.metrics))
+                page.goto(f"{base}/experiments/{exp}/runs/{run.info.run_id}/system-metrics")
+                settle(page, "cpu_utilization_percentage")
+                page.wait_for_timeout(2000)
+                page.screenshot(path=out / "system.png", full_page=True)
+                # The tab renders its chart sections (one per prefix: `system/node-0`, ...) as
+                # they scroll into view: read each one's text on the way down.
+                text = ""
+                for _ in range(12):
+                    text += page.inner_text("body")
+                    page.mouse.move(600, 500)
+                    page.mouse.wheel(0, 700)
+                    page.wait_for_timeout(700)
+                page.screenshot(path=out / "system-end.png", full_page=True)
+                sections = set(re.findall(r"system/(node-\d+)\s*\(\d+\)", text))  # "system/node-0 (4)"
+                charted = [n for n in nodes if n in sections]
+                check("per-node system metrics", charted == nodes,
+                      f"{len(charted)} of {len(nodes)} nodes charted on their own ({', '.join(charted) or 'none'})",
+                      failures)
             browser.close()
     finally:
         os.killpg(ui.pid, 15)
