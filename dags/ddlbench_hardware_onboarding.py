@@ -7,9 +7,10 @@ its schema when the run is triggered; `start` then checks what spans fields
 the resulting spec, before anything runs. The run microbenchmarks the
 communication, profiles the models, fits the performance model, predicts every
 algorithm at every power-of-two world size up to 1024 workers, runs a few
-validation trainings (the world sizes of the form, one repeat) and records the
-fitted hardware profile (comm fits and layer tables) as an MLflow artifact of
-the parent run (experiment `ddlbench-onboarding`) that other runs can predict from.
+validation trainings (the world sizes of the form, one repeat), sets them against
+the form's reference hardware where it names one, and records the fitted hardware
+profile (comm fits and layer tables) as an MLflow artifact of the parent run
+(experiment `ddlbench-onboarding`) that other runs can predict from.
 The spec building is pipelines/onboarding.py; this file is the form and the wiring.
 """
 
@@ -53,6 +54,10 @@ FORM = {
         [2], type="array", minItems=1, uniqueItems=True, items={"type": "integer", "minimum": 1},
         title="World sizes to train",
         description=f"Validation trainings; predictions go up to {onboarding.PREDICT_UP_TO} workers."),
+    "reference_hardware": Param(
+        None, type=["null", "string"], pattern=onboarding.LABEL_PATTERN, title="Reference hardware",
+        description="A hardware label this hardware's report sets its throughput against, per "
+                    "configuration both ran (that label's newest run in the onboarding experiment)."),
     "base_spec": Param(
         str(SPECS / "smoke.yaml"), type="string", minLength=1, title="Base spec",
         description="Spec giving everything the form does not (steps, batch sizes, ...)."),

@@ -56,6 +56,10 @@ def overrides(params: dict[str, Any]) -> dict[str, Any]:
     if too_big:
         raise OnboardingError(f"world_sizes: {too_big} exceed nodes x devices_per_node = "
                               f"{nodes} x {per_node} = {nodes * per_node}")
+    reference = params.get("reference_hardware")
+    if reference is not None and reference == params["hardware_label"]:
+        raise OnboardingError(f"reference_hardware: {reference!r} is the hardware being onboarded; name the "
+                              "hardware to compare it against")
     measured = sorted(set(params["world_sizes"]))
     what_if = [2**k for k in range(PREDICT_UP_TO.bit_length()) if 2**k not in measured]
     return {
@@ -69,6 +73,7 @@ def overrides(params: dict[str, Any]) -> dict[str, Any]:
         "repeats": 1,
         "network": {"link_bandwidth": f"{params['bandwidth_gbps']:g}gbit"},
         "what_if": {"workers": what_if},
+        **({"regression": {"reference_hardware": reference}} if reference else {}),
     }
 
 

@@ -313,6 +313,7 @@ def test_onboarding_dag_shape(dagbag: Any) -> None:
     ({"hardware_label": "../../etc"}, "param hardware_label: '../../etc' does not match"),
     ({"hardware_label": "h100; rm -rf ~"}, "param hardware_label: 'h100; rm -rf ~' does not match"),
     ({"world_sizes": [0]}, "param world_sizes: 0 is less than the minimum of 1"),
+    ({"reference_hardware": "a' OR '1"}, "param reference_hardware: \"a' OR '1\" does not match"),
 ])
 def test_onboarding_rejects_bad_params_before_anything_runs(airflow_home: Path, dagbag: Any, tmp_path: Path,
                                                             conf: dict, message: str) -> None:
@@ -344,6 +345,12 @@ def test_onboarding_rejects_fields_that_contradict_each_other(airflow_config: Pa
                                   {"name": "odsgd", "comm": "ps"}]
     netns = onboarding_overrides(form | {"provider": "netns", "nodes": 2, "world_sizes": [2, 4]})
     assert netns["provider"]["options"] == {"nodes": 2, "devices_per_node": 2, "bandwidth": "100gbit"}
+    # The reference hardware goes to the report's section on it; against itself it is refused.
+    assert "regression" not in spec
+    assert onboarding_overrides(form | {"reference_hardware": "gpu-a100"})["regression"] == {
+        "reference_hardware": "gpu-a100"}
+    with pytest.raises(OnboardingError, match=r"reference_hardware: 'cpu-local' is the hardware being onboarded"):
+        onboarding_overrides(form | {"reference_hardware": form["hardware_label"]})
 
 
 def test_the_onboarding_form_lists_the_gpt_presets_and_trains_them_on_text(airflow_config: Path) -> None:

@@ -338,7 +338,7 @@ def test_a_comparison_reads_whole_in_an_80_column_log(lm: bool, model: str, conf
        b=st.lists(st.floats(10.0, 1e4), min_size=1, max_size=3), only=st.sampled_from([None, "A", "B"]))
 def test_hardware_against_hardware_divides_medians_within_the_repeats_extremes(a: list[float], b: list[float],
                                                                                only: str | None) -> None:
-    from pipelines.cli.compare import hardware_ratios
+    from pipelines.report.hardware import hardware_ratios
 
     table_a = comparison([_run("ssgd-allreduce", 2, t, i) for i, t in enumerate(a)]
                          + ([_run("asgd-ps", 2, 50.0, 0)] if only == "A" else []))
@@ -363,30 +363,10 @@ def test_compare_puts_two_hardware_labels_side_by_side(tmp_path: Path) -> None:
     --hardware B` prints each configuration's two medians and the ratio, and names the one only
     one label ran."""
     from click.testing import CliRunner
-    from mlflow import MlflowClient
 
     from pipelines.cli import cli
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("ddlbench-nightly")
-    figures = {"cpu-a": {("ssgd", "allreduce"): [100.0, 110.0, 90.0], ("asgd", "ps"): [80.0]},
-               "cpu-b": {("ssgd", "allreduce"): [200.0, 190.0, 210.0]}}
-    for label, configs in figures.items():
-        key = f"nightly-{label}"
-        parent = client.create_run(exp, tags={"ddlbench.node": "pipeline", "ddlbench.hardware": label,
-                                              "ddlbench.run_key": key})
-        for (algo, comm), thr in configs.items():
-            for t in thr:
-                child = client.create_run(exp, tags={
-                    "ddlbench.run_key": key, "ddlbench.step": "train", "ddlbench.algorithm": algo,
-                    "ddlbench.comm": comm, "ddlbench.workers": "2", "ddlbench.batch_size": "32",
-                    "ddlbench.model": "lenet5", "ddlbench.config": f"lenet5-{algo}-{comm}-w2-b32",
-                    "mlflow.parentRunId": parent.info.run_id})
-                client.log_metric(child.info.run_id, "throughput_samples_per_s", t)
-                client.log_metric(child.info.run_id, "iter_time_p50_s", 64 / t)
-                client.set_terminated(child.info.run_id)
-        client.set_terminated(parent.info.run_id)
+    uri, _, _ = _two_labels(tmp_path)
     runner = CliRunner(env={"COLUMNS": "80"})
     out = runner.invoke(cli, ["compare", "--hardware", "cpu-a", "--hardware", "cpu-b", "--tracking-uri", uri])
     assert out.exit_code == 0, out.output
@@ -560,3 +540,56 @@ def test_every_report_figure_reads_its_labels_apart_and_holds_its_points(n: int,
     _texts_overlap_nowhere_and_points_lie_inside(scaling)
     for f in (curve, scaling, *figs.values()):
         plt.close(f)
+
+
+def _two_labels(tmp_path: Path) -> tuple[str, Any, str]:
+    """An MLflow store with two hardware labels' nightly pipeline runs, laid out as the pipeline
+    logs them: (uri, client, experiment id)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("ddlbench-nightly")
+    figures = {"cpu-a": {("ssgd", "allreduce"): [100.0, 110.0, 90.0], ("asgd", "ps"): [80.0]},
+               "cpu-b": {("ssgd", "allreduce"): [200.0, 190.0, 210.0]}}
+    for label, configs in figures.items():
+        key = f"nightly-{label}"
+        parent = client.create_run(exp, tags={"ddlbench.node": "pipeline", "ddlbench.hardware": label,
+                                              "ddlbench.run_key": key})
+        for (algo, comm), thr in configs.items():
+            for t in thr:
+                child = client.create_run(exp, tags={
+                    "ddlbench.run_key": key, "ddlbench.step": "train", "ddlbench.algorithm": algo,
+                    "ddlbench.comm": comm, "ddlbench.workers": "2", "ddlbench.batch_size": "32",
+                    "ddlbench.model": "lenet5", "ddlbench.config": f"lenet5-{algo}-{comm}-w2-b32",
+                    "mlflow.parentRunId": parent.info.run_id})
+                client.log_metric(child.info.run_id, "throughput_samples_per_s", t)
+                client.log_metric(child.info.run_id, "iter_time_p50_s", 64 / t)
+                client.set_terminated(child.info.run_id)
+        client.set_terminated(parent.info.run_id)
+    return uri, client, exp
+
+
+@pytest.mark.slow  # an MLflow store
+def test_a_report_sets_its_throughput_against_the_reference_hardware(tmp_path: Path) -> None:
+    """`regression.reference_hardware` (the onboarding form's reference): the report's section
+    holds, per configuration, the reference's newest run and this run's medians and their
+    ratio; a label with no runs is said, and a run is never its own reference."""
+    from pipelines.report.document import reference_lines
+    from pipelines.report.hardware import against
+
+    _, client, exp = _two_labels(tmp_path)
+    mine = [{"config": "lenet5-ssgd-allreduce-w2-b32", "throughput_median": 50.0, "throughput_min": 45.0,
+             "throughput_max": 60.0, "repeats": 3}]
+    ref = against(client, exp, "cpu-a", mine, run_key="onboarding-new")
+    assert (ref["hardware"], ref["run_key"]) == ("cpu-a", "nightly-cpu-a")
+    rows = {r["config"]: r for r in ref["rows"]}
+    assert rows["lenet5-ssgd-allreduce-w2-b32"]["ratio"] == 0.5  # 50 against cpu-a's median 100
+    assert rows["lenet5-ssgd-allreduce-w2-b32"]["ratio_low"] == pytest.approx(45 / 110)
+    assert rows["lenet5-asgd-ps-w2-b32"]["only"] == "A"
+    md = "\n".join(reference_lines(ref, "new-card"))
+    assert "## Against cpu-a" in md and "| new-card / cpu-a |" in md and "only cpu-a ran it" in md, md
+    assert "| lenet5-ssgd-allreduce-w2-b32 | 100 [90, 110] | 50 [45, 60] | 0.5 [0.409, 0.667] |" in md, md
+    none = against(client, exp, "cpu-z", mine, run_key="x")
+    assert none["rows"] == [] and "no finished training runs of 'cpu-z'" in none["note"]
+    assert against(client, exp, "cpu-a", mine, run_key="nightly-cpu-a")["rows"] == []  # not itself

@@ -213,9 +213,19 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
         s["throughput_samples_per_s"] *= 0.6
         (copy / "summary.json").write_text(json.dumps(s))
         slow.append({**e, "run_dir": str(copy)})
-    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-slow", home=home, overrides={"regression.min_history": 2})
+    # Against a reference hardware: here the smoke spec's own label, whose newest run with training
+    # runs (the report-only run above has none) is the module's.
+    hardware = load_spec(SMOKE).hardware
+    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-slow", home=home,
+                      overrides={"regression.min_history": 2, "regression.reference_hardware": hardware})
     slowed = steps.report(ctx, slow, first)
     steps.finish(ctx)
+    reference = json.loads((own_home["home"] / "runs" / "smoke-e2e-slow" / "report" / "report.json").read_text())[
+        "reference"]
+    assert (reference["hardware"], reference["run_key"]) == (hardware, KEY)
+    assert {r["config"]: r["ratio"] for r in reference["rows"]} == pytest.approx(
+        {c.removesuffix("-r0"): 0.6 for c in CONFIGS})
+    assert f"## Against {hardware}" in Path(slowed["report_md"]).read_text()
     assert slowed["status"] == "regressed" and slowed["history_runs"] == 2
     assert {r["config"] for r in slowed["regressions"]} == {c.removesuffix("-r0") for c in CONFIGS}
     # two identical history runs: no spread, so the drop is certain

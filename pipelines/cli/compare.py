@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -10,8 +9,7 @@ from typing import Any
 import click
 
 from pipelines.context import default_home, default_tracking_uri
-from pipelines.metrics import summary_from_metrics
-from pipelines.report.tables import best_per_config, comparison, config_label, config_of
+from pipelines.report.hardware import compare_runs, compared_runs, hardware_ratios
 
 
 def _day(value: str | None) -> int | None:
@@ -21,92 +19,6 @@ def _day(value: str | None) -> int | None:
         return int(datetime.fromisoformat(value).replace(tzinfo=UTC).timestamp() * 1000)
     except ValueError:
         raise click.BadParameter(f"expected a date such as 2026-11-29, got {value!r}") from None
-
-
-def _as_run(child: Any) -> dict[str, Any]:
-    """A training child run of MLflow in the shape report.comparison takes."""
-    t = child.data.tags
-    algo = f"{t.get('ddlbench.algorithm')}-{t.get('ddlbench.comm')}"
-    workers, batch = int(t.get("ddlbench.workers", 0)), int(t.get("ddlbench.batch_size", 0))
-    return {
-        "key": t.get("ddlbench.config_key"),
-        "algorithm": algo,
-        "model": t.get("ddlbench.model"),
-        "dataset": t.get("ddlbench.dataset"),
-        "workers": workers,
-        "batch_size": batch,
-        "config": t.get("ddlbench.config")
-        or (config_of(t["ddlbench.config_key"]) if t.get("ddlbench.config_key") else None)
-        or config_label(t.get("ddlbench.model"), algo, workers, batch),
-        "summary": summary_from_metrics(child.data.metrics),
-    }
-
-
-def compare_runs(
-    client: Any, experiment_id: str, hardware: str | None, since_ms: int | None, until_ms: int | None
-) -> list[dict[str, Any]]:
-    """Pipeline runs found with MLflow search, newest first, each with the report's comparison
-    table (medians over repeats, scaling efficiency) and best algorithm per config."""
-    return list(_compared(client, experiment_id, hardware, since_ms, until_ms))
-
-
-def _compared(
-    client: Any, experiment_id: str, hardware: str | None, since_ms: int | None, until_ms: int | None
-) -> Iterator[dict[str, Any]]:
-    """compare_runs one run at a time: each run's training children are searched only when asked for."""
-    filters = ["tags.`ddlbench.node` = 'pipeline'"]
-    if hardware:
-        filters.append(f"tags.`ddlbench.hardware` = '{hardware}'")
-    if since_ms is not None:
-        filters.append(f"attributes.start_time >= {since_ms}")
-    if until_ms is not None:
-        filters.append(f"attributes.start_time < {until_ms}")
-    parents = client.search_runs(
-        [experiment_id], " AND ".join(filters), order_by=["attributes.start_time DESC"], max_results=200
-    )
-    for p in parents:
-        key = p.data.tags.get("ddlbench.run_key")
-        children = client.search_runs(
-            [experiment_id],
-            f"tags.`ddlbench.run_key` = '{key}' AND tags.`ddlbench.step` = 'train' AND attributes.status = 'FINISHED'",
-            max_results=5000,
-        )
-        runs = [_as_run(c) for c in children if c.data.metrics.get("throughput_samples_per_s")]
-        table = comparison(runs)
-        yield {
-            "run_key": key,
-            "date": datetime.fromtimestamp(p.info.start_time / 1000, UTC),
-            "hardware": p.data.tags.get("ddlbench.hardware"),
-            "status": p.info.status,
-            "regression": p.data.tags.get("ddlbench.regression", "-"),
-            "table": table,
-            "best": best_per_config(table),
-        }
-
-
-def hardware_ratios(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per configuration of two hardware labels' comparison tables: each one's median samples/s
-    over its repeats with their range, and B's over A's. The ratio's interval runs from the
-    repeats' least favourable pairing to their most (B's slowest over A's fastest, B's fastest
-    over A's slowest): with a few repeats a side, the extremes are what they measured. A
-    configuration only one label ran is listed with `only` naming it."""
-    by_a, by_b = {r["config"]: r for r in a}, {r["config"]: r for r in b}
-    rows = []
-    for config in sorted(by_a.keys() | by_b.keys()):
-        ra, rb = by_a.get(config), by_b.get(config)
-        row: dict[str, Any] = {"config": config}
-        for side, r in (("a", ra), ("b", rb)):
-            row |= {f"{side}_median": r and r["throughput_median"], f"{side}_min": r and r["throughput_min"],
-                    f"{side}_max": r and r["throughput_max"], f"{side}_repeats": r and r["repeats"]}
-        row["only"] = None if ra and rb else ("A" if ra else "B")
-        if ra and rb and ra["throughput_median"] and rb["throughput_median"]:
-            row |= {"ratio": rb["throughput_median"] / ra["throughput_median"],
-                    "ratio_low": rb["throughput_min"] / ra["throughput_max"],
-                    "ratio_high": rb["throughput_max"] / ra["throughput_min"]}
-        else:
-            row |= {"ratio": None, "ratio_low": None, "ratio_high": None}
-        rows.append(row)
-    return rows
 
 
 def _hardware_table(rows: list[dict[str, Any]], label_a: str, label_b: str) -> Any:
@@ -156,7 +68,7 @@ def _compare(
         latest = []
         for label in hardware:
             # Its newest pipeline run with finished training runs: the older ones are not searched.
-            newest = next((r for r in _compared(client, exp.experiment_id, label, _day(since), _day(until))
+            newest = next((r for r in compared_runs(client, exp.experiment_id, label, _day(since), _day(until))
                            if r["table"]), None)
             if newest is None:
                 raise click.UsageError(f"--hardware: no finished training runs of {label!r} in ddlbench-{suite}")

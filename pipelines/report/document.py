@@ -35,9 +35,11 @@ def write_report(
     validation: dict[str, Any] | None,
     check: dict[str, Any],
     largest_batch: dict[str, dict[str, int | None]] | None = None,
+    reference: dict[str, Any] | None = None,
 ) -> Path:
     """report.md (readable) and report.json (what the next run compares against). `largest_batch`:
-    an onboarding run's largest per-worker batch that fits, per workload and algorithm."""
+    an onboarding run's largest per-worker batch that fits, per workload and algorithm;
+    `reference`: this run against the reference hardware's newest run (`reference_against`)."""
     out.mkdir(parents=True, exist_ok=True)
     best = best_per_config(table)
     load = host_load(runs)
@@ -55,6 +57,7 @@ def write_report(
         "statistic": STATISTIC,
         "thresholds": spec.regression.model_dump(),
         "host_other_cpu_share": load,
+        "reference": reference,
     }
     (out / "report.json").write_text(json.dumps(doc, indent=2, default=str))
     md = [
@@ -115,6 +118,7 @@ def write_report(
         md += ["", f"Caution: this run was measured on a loaded host (other work used up to {load['max']:.0%} of its "
                    "CPU); a slowdown found here may be the load, not the code."]
     md += largest_batch_lines(largest_batch)
+    md += reference_lines(reference, ctx["hardware"])
     md += [
         "",
         f"Plots: {', '.join(plot_names(runs, table, validation))} (MLflow artifacts of the report run).",
@@ -154,4 +158,23 @@ def language_model_lines(table: list[dict[str, Any]]) -> list[str]:
            f"{fmt(r['target_loss'])} | "
            f"{fmt_spread(r['time_to_loss_median_s'], r['time_to_loss_min_s'], r['time_to_loss_max_s'])} |"
            for r in rows]
+    return md
+
+
+def reference_lines(reference: dict[str, Any] | None, hardware: str) -> list[str]:
+    """The report's section on this hardware against the reference label (none: no lines)."""
+    if not reference:
+        return []
+    label = reference["hardware"]
+    if not reference.get("rows"):
+        return ["", f"## Against {label}", "", reference["note"]]
+    md = ["", f"## Against {label}", "",
+          f"Samples/s, median [min, max] over the repeats; {label}: its run `{reference['run_key']}`. The ratio's "
+          "interval pairs the repeats' extremes.", "",
+          f"| config | {label} | {hardware} | {hardware} / {label} |", "|---|---|---|---|"]
+    for r in reference["rows"]:
+        ratio = (fmt_spread(r["ratio"], r["ratio_low"], r["ratio_high"], 3) if r["ratio"] is not None
+                 else f"only {label if r['only'] == 'A' else hardware} ran it")
+        md.append(f"| {r['config']} | {fmt_spread(r['a_median'], r['a_min'], r['a_max'])} | "
+                  f"{fmt_spread(r['b_median'], r['b_min'], r['b_max'])} | {ratio} |")
     return md

@@ -45,6 +45,11 @@ class RegressionSpec(Section):
     prediction_error_rise: float = Field(
         0.10, gt=0, description="Smallest rise of the median absolute prediction error (absolute) that is a regression."
     )
+    reference_hardware: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="A hardware label the report sets this run's throughput against, per configuration both "
+        "ran: that label's newest pipeline run in the suite's experiment (onboarding: the hardware a team has).",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from infra import bounds
 from modelling.memory import largest_batch
 from pipelines.context import RunContext
 from pipelines.preflight import capacity_bytes
+from pipelines.report.hardware import against
 from pipelines.report.regression_text import describe
 from pipelines.report.regression_text import line as rc_line
 from pipelines.stages.confirm import apply_confirmations
@@ -40,7 +41,8 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         check = apply_confirmations(check, confirmations)
         profile = ctx.paths.hardware_profile  # an onboarding run's, recorded before the report
         largest = json.loads(profile.read_text()).get("largest_batch") if profile.exists() else None
-        md = document.write_report(out, ctx.as_dict(), spec, runs, table, val, check, largest)
+        md = document.write_report(out, ctx.as_dict(), spec, runs, table, val, check, largest,
+                                   _reference(t, ctx, spec.regression.reference_hardware, table))
         for name, fig in plots.figures(runs, table, val).items():
             t.log_figure(node, fig, name)
         t.log_table(node, tables.columns(table), "comparison.json")
@@ -80,6 +82,18 @@ def report(ctx: RunContext, trained: list[dict], validation: dict, confirmations
         }
 
     return run_once(ctx, "report", body)
+
+
+def _reference(t: Tracker, ctx: RunContext, label: str | None, table: list[dict]) -> dict | None:
+    """This run against the spec's reference hardware (report/hardware.py), where it names one."""
+    if not label:
+        return None
+    if not t.online:
+        return {"hardware": label, "rows": [], "note": "MLflow unreachable: no reference run to compare against"}
+    try:
+        return against(t.client, t.experiment_id(), label, table, ctx.run_key)
+    except Exception as err:  # noqa: BLE001 - a comparison that cannot be made is said, not fatal
+        return {"hardware": label, "rows": [], "note": f"the reference's runs could not be read: {err}"}
 
 
 def injected_where(runs: list[dict]) -> str:
