@@ -138,6 +138,35 @@ def expected_first(where: str, layer: str) -> tuple[str, ...]:
     return (where,)
 
 
+def nights(draw_base: Callable[[], dict[str, Any]], draw_now: Callable[[], dict[str, Any]],
+           draw_rerun: Callable[[dict[str, Any]], dict[str, Any]], predict: Callable[..., float] | None,
+           spec: RegressionSpec, history: int, trials: int, named: Callable[[str], bool]) -> dict[str, int]:
+    """Counts over `trials` nights, each a history of `history` draws of `draw_base` against
+    tonight's `draw_now`: the nightly's alarm (end to end or a flagged component) confirmed by a
+    rerun (`draw_rerun(tonight)`), whether the first component named is the right one (`named`),
+    and today's end-to-end test alone, confirmed, on the same draws."""
+    keys = ("confirmed", "e2e_confirmed", "components", "named_first")
+    counts = dict.fromkeys(keys, 0)
+    for _ in range(trials):
+        hist = [draw_base() for _ in range(history)]
+        now = draw_now()
+        e2e = check_runs(now, hist, spec, power=False)["regressed"]
+        parts = check_components(now, hist, spec.alpha, spec.min_effect, predict, spec.host_alpha)
+        flagged = bool(parts and parts["flagged"])
+        counts["components"] += flagged
+        if not (e2e or flagged):
+            continue
+        rerun = draw_rerun(now)
+        loose = max(spec.alpha, spec.confirm_alpha)
+        e2e_again = check_rerun(rerun, hist, spec, power=False)["regressed"]
+        again = check_components(rerun, hist, loose, spec.min_effect, predict, spec.host_alpha)
+        if e2e_again or (again and again["flagged"]):
+            counts["confirmed"] += 1
+            counts["named_first"] += flagged and named(parts["flagged"][0])
+        counts["e2e_confirmed"] += e2e and e2e_again
+    return counts
+
+
 def replay(runs: dict[str, list[dict[str, Any]]], which: str, spec: RegressionSpec, history: int, repeats: int,
            trials: int, seed: int, layer: str) -> dict[str, int]:
     """Counts over `trials` nights of tonight's kind `which` against unslowed histories."""
@@ -148,27 +177,8 @@ def replay(runs: dict[str, list[dict[str, Any]]], which: str, spec: RegressionSp
     def draw(src: list[dict[str, Any]]) -> dict[str, Any]:
         return run_level([src[i] for i in rng.integers(len(src), size=repeats)])
 
-    keys = ("confirmed", "e2e_confirmed", "components", "named_first")
-    counts = dict.fromkeys(keys, 0)
-    predict = adding_up(base)
-    for _ in range(trials):
-        hist = [draw(base) for _ in range(history)]
-        now = draw(pool)
-        e2e = check_runs(now, hist, spec, power=False)["regressed"]
-        parts = check_components(now, hist, spec.alpha, spec.min_effect, predict, spec.host_alpha)
-        flagged = bool(parts and parts["flagged"])
-        counts["components"] += flagged
-        if not (e2e or flagged):
-            continue
-        rerun = draw(pool)
-        loose = max(spec.alpha, spec.confirm_alpha)
-        e2e_again = check_rerun(rerun, hist, spec, power=False)["regressed"]
-        again = check_components(rerun, hist, loose, spec.min_effect, predict, spec.host_alpha)
-        if e2e_again or (again and again["flagged"]):
-            counts["confirmed"] += 1
-            counts["named_first"] += flagged and parts["flagged"][0] in expected_first(where, layer)
-        counts["e2e_confirmed"] += e2e and e2e_again
-    return counts
+    return nights(lambda: draw(base), lambda: draw(pool), lambda _now: draw(pool), adding_up(base), spec, history,
+                  trials, lambda first: first in expected_first(where, layer))
 
 
 def realised(runs: dict[str, list[dict[str, Any]]], which: str) -> float:

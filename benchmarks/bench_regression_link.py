@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 from bench_regression import LOCK, _load, _rate  # a sibling: benchmarks run as scripts
-from bench_regression_components import SPEC, UNSLOWED, kind, realised
+from bench_regression_components import SPEC, UNSLOWED, kind, nights, realised
 
 from infra.hostload import CpuProbe
 from infra.netns import NetnsProvider
@@ -47,8 +47,6 @@ from modelling.measure.microbench import run_microbench
 from modelling.measure.profiler import profile_layers
 from pipelines.report import regression_comm
 from pipelines.report.attribution import model_predictor
-from pipelines.report.regression import check_rerun, check_runs
-from pipelines.report.regression_components import check_components
 from pipelines.report.regression_stats import repeat_figures, run_level
 from pipelines.spec import RegressionSpec, grid, load_spec
 
@@ -129,7 +127,8 @@ def record(rounds: int, mbit: float, save: Path, sizes: list[float], unslowed: i
 
 def replay(rec: dict[str, Any], runs: dict[str, list[dict[str, Any]]], which: str, spec: RegressionSpec,
            history: int, repeats: int, trials: int, seed: int) -> dict[str, int]:
-    """Counts over `trials` nights of tonight's kind `which` against unslowed histories."""
+    """Counts over `trials` nights of tonight's kind `which` against unslowed histories (each draw
+    its repeats' training and one microbenchmark; the rerun trains again on tonight's)."""
     rng = np.random.default_rng(seed)
     base, pool = runs[UNSLOWED], runs[which]
     [prim] = base[0]["comm"]
@@ -139,26 +138,8 @@ def replay(rec: dict[str, Any], runs: dict[str, list[dict[str, Any]]], which: st
         picked = [src[i] for i in rng.integers(len(src), size=repeats)]
         return run_level(picked) | {"comm": comm or src[rng.integers(len(src))]["comm"]}
 
-    keys = ("confirmed", "e2e_confirmed", "components", "named_first")
-    counts = dict.fromkeys(keys, 0)
-    for _ in range(trials):
-        hist = [draw(base) for _ in range(history)]
-        now = draw(pool)
-        e2e = check_runs(now, hist, spec, power=False)["regressed"]
-        parts = check_components(now, hist, spec.alpha, spec.min_effect, predict, spec.host_alpha)
-        flagged = bool(parts and parts["flagged"])
-        counts["components"] += flagged
-        if not (e2e or flagged):
-            continue
-        rerun = draw(pool, now["comm"])
-        loose = max(spec.alpha, spec.confirm_alpha)
-        e2e_again = check_rerun(rerun, hist, spec, power=False)["regressed"]
-        again = check_components(rerun, hist, loose, spec.min_effect, predict, spec.host_alpha)
-        if e2e_again or (again and again["flagged"]):
-            counts["confirmed"] += 1
-            counts["named_first"] += flagged and regression_comm.primitive_of(parts["flagged"][0]) == prim
-        counts["e2e_confirmed"] += e2e and e2e_again
-    return counts
+    return nights(lambda: draw(base), lambda: draw(pool), lambda now: draw(pool, now["comm"]), predict, spec,
+                  history, trials, lambda first: regression_comm.primitive_of(first) == prim)
 
 
 def noise(runs: dict[str, list[dict[str, Any]]]) -> str:

@@ -27,7 +27,19 @@ ensure_commands() {
 
 # A daemon is alive by its pid file, not by name (both SLURM clusters run daemons of the same
 # names); one that died unreaped (a zombie) is not alive.
-pid_alive() { [ -f "$1" ] && ps -o stat= -p "$(cat "$1")" 2>/dev/null | grep -qv '^Z'; }
+# A pid file's daemon lives: its pid is a live process (not a zombie) of the program the file is
+# named after (slurmd-snode0.pid: slurmd). A stale file outlives its daemon, and on a host up for
+# days its pid is another process by then (a kernel worker, another user's job): alive by pid
+# alone, the daemon would never start again, and a stop would signal a stranger.
+pid_alive() {
+  [ -f "$1" ] || return 1
+  local name line
+  name=$(basename "$1" .pid)
+  name=${name%%-*}
+  line=$(ps -o stat=,comm= -p "$(cat "$1")" 2>/dev/null) || return 1
+  case "$line" in Z*) return 1 ;; esac
+  [ "$(awk '{print $2}' <<<"$line")" = "$name" ]
+}
 
 # munge is shared by both SLURM clusters: its socket is a file, so it works across network
 # namespaces.
