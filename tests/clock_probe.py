@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from modelling.measure.microbench_rank import _round_times, _timed, clock_offsets
+from modelling.measure.microbench_clock import clock_offsets, round_times, timed
 
 LATE_S = 0.03
 
@@ -22,14 +22,14 @@ if __name__ == "__main__":
     pair = dist.new_group(ranks=[0, 1])
     offsets = clock_offsets()
     buf = torch.ones(1024)
-    stamps = _timed(
+    stamps = timed(
         lambda: dist.all_reduce(buf, group=pair) if rank < 2 else None,
         9,
         LATE_S if rank == 1 else 0.0,
         computes=False,
         offset_s=offsets[rank],
     )
-    aligned = _round_times(stamps, range(2))
+    aligned = round_times(stamps, range(2))
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, stamps)
     if rank == 0:

@@ -17,14 +17,14 @@ import torch.distributed as dist
 _SCRATCH = torch.ones(64, 64)
 
 
-def _compute(seconds: float) -> None:
+def compute(seconds: float) -> None:
     """Busy CPU work, as a training step does between its communications."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         torch.mm(_SCRATCH, _SCRATCH)
 
 
-def _timed(op, repeats: int, gap_s: float = 0.0, group=None, computes: bool = True,
+def timed(op, repeats: int, gap_s: float = 0.0, group=None, computes: bool = True,
            offset_s: float = 0.0) -> list[tuple[float, float]]:
     """One untimed warm-up, then `repeats` timings, each as (start, end) on rank 0's clock
     (this rank's perf_counter less `offset_s`). Each starts after a barrier and then
@@ -38,7 +38,7 @@ def _timed(op, repeats: int, gap_s: float = 0.0, group=None, computes: bool = Tr
     for i in range(repeats + 1):
         dist.barrier(group=group)
         if computes:
-            _compute(gap_s)
+            compute(gap_s)
         else:
             time.sleep(gap_s)
         t0 = time.perf_counter()
@@ -76,7 +76,7 @@ def clock_offsets(tries: int = 20) -> list[float]:
     return offsets.tolist()
 
 
-def _round_times(stamps: list[tuple[float, float]], ranks: Sequence[int]) -> list[float]:
+def round_times(stamps: list[tuple[float, float]], ranks: Sequence[int]) -> list[float]:
     """Per repeat, an operation's time from the moment the last of `ranks` started it to the
     moment the last ended it (every rank's stamps on rank 0's clock). A round ends for all
     only when its last rank is done: a worker beside its shard has its pull back before a
@@ -104,14 +104,14 @@ def host_busy_s() -> float:
 HOST_CPU_LOOP_S = 0.5
 
 
-def _host_cpu_s(op, times: list[float], busy_before: tuple[float, float] | None, gap_s: float, computes: bool,
+def host_cpu_s(op, times: list[float], busy_before: tuple[float, float] | None, gap_s: float, computes: bool,
                 computing: int) -> dict[str, float | None]:
     """The host's CPU-seconds per operation, less the computation of the `computing` ranks
     before each, over the timed loop just run (its warm-up and repeats; `busy_before` read
     by rank 0 before it, None on the others) and, where that loop was shorter
     than HOST_CPU_LOOP_S, as many more operations as make it up (a tick is 10 ms a core;
     6 operations of a few ms would read as 0 or a multiple of it). Collective: every rank
-    calls it with the same `times` (from _round_times) and takes part in the extra ones.
+    calls it with the same `times` (from round_times) and takes part in the extra ones.
     `busy_before`: rank 0's (host_busy_s(), time.monotonic()) before the timed loop. Also the
     loop's wall time per operation (host_cpu_wall_s): the CPU time is read over it, and its
     slow operations make it longer than the timed repeats' mean."""
@@ -120,7 +120,7 @@ def _host_cpu_s(op, times: list[float], busy_before: tuple[float, float] | None,
     extra = max(math.ceil(HOST_CPU_LOOP_S / max(per_op, 1e-4)) - done, 0)
     for _ in range(extra):  # no barrier between them: the ranks meet in the operation, as in training
         if computes:
-            _compute(gap_s)
+            compute(gap_s)
         else:
             time.sleep(gap_s)
         op()

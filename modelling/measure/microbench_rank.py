@@ -38,14 +38,14 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from modelling.fit import COMM_KIND
 from modelling.links import p2p_pairs, tcp_rmem_max, tcp_wmem_max
-from modelling.measure.microbench_clock import (  # noqa: F401  (clock_offsets, _timed, _round_times: tests' probe)
+from modelling.measure.microbench_clock import (
     HOST_CPU_LOOP_S,
-    _compute,
-    _host_cpu_s,
-    _round_times,
-    _timed,
     clock_offsets,
+    compute,
     host_busy_s,
+    host_cpu_s,
+    round_times,
+    timed,
     trimmed_mean,
 )
 from modelling.measure.microbench_device import backend_of, pin_device, rank_device
@@ -132,15 +132,15 @@ def run(out: Path) -> int:
         if n > 1:
             op = dev.allreduce_op(buf, rank < n)
             busy = (host_busy_s(), time.monotonic()) if rank == 0 else None
-            stamps = _timed(op, repeats, gap, computes=rank < n, offset_s=offset)
-            row = _row("allreduce", n, 0, numel * 4, _round_times(stamps, range(n)))
+            stamps = timed(op, repeats, gap, computes=rank < n, offset_s=offset)
+            row = _row("allreduce", n, 0, numel * 4, round_times(stamps, range(n)))
             if one_host:
-                row |= _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
+                row |= host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
             rows.append(row)
         for primitive, (a, b) in pairs.items():  # one ping-pong per link class the placement uses
-            stamps = _timed(lambda b_=buf, a=a, b=b: _ping_pong(b_, rank, a, b), repeats, gap,
+            stamps = timed(lambda b_=buf, a=a, b=b: _ping_pong(b_, rank, a, b), repeats, gap,
                             computes=rank in (a, b) and rank < n, offset_s=offset)
-            rows.append(_row(primitive, 2, 0, numel * 4, [t / 2 for t in _round_times(stamps, (a, b))])
+            rows.append(_row(primitive, 2, 0, numel * 4, [t / 2 for t in round_times(stamps, (a, b))])
                         | {"pair": [a, b]})
         if s:
             # Receive buffers made once, as the trainer's are: a fresh large tensor per round
@@ -148,14 +148,14 @@ def run(out: Path) -> int:
             recv = _push_pull_buffers(numel, rank, n, s, dev.pin)
             posts: list[float] = []
             busy = (host_busy_s(), time.monotonic()) if rank == 0 else None
-            stamps = _timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
+            stamps = timed(lambda b=buf, r=recv, p=posts: _push_pull(b, r, rank, n, s, timeout, p), repeats, gap,
                             computes=rank < n, offset_s=offset)
-            row = _row("ps", n, s, numel * 4, _round_times(stamps, range(n))) | placed
+            row = _row("ps", n, s, numel * 4, round_times(stamps, range(n))) | placed
             row["post_s"] = _median_post(posts[1:], n)  # the first: the warm-up
             row["pull_lead_s"] = _pull_lead(stamps, n, placed.get("node_of_rank"))
             if one_host:
                 op = lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout)  # noqa: E731
-                row |= _host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
+                row |= host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
             rows.append(row)
             # As many passes as a host-CPU loop lasts, at least `repeats`: a pass's time has a
             # long tail (a shard that waits a time slice for a core), and 5 samples miss it.
@@ -250,7 +250,7 @@ def _asgd_passes(buf: torch.Tensor, recv: list[torch.Tensor], rank: int, n: int,
     dist.barrier()
     if rank < n:
         for _ in range(count + 1):
-            _compute(gap_s)
+            compute(gap_s)
             t0 = time.perf_counter()
             _push_pull(buf, recv, rank, n, s, timeout)
             own.append((t0 - offset_s, time.perf_counter() - offset_s))
