@@ -67,21 +67,18 @@ def primitive_of(component: str) -> str | None:
     return None
 
 
-def baseline(history: list[dict[str, Any]], tonight: dict[str, Any] | None = None) -> dict[str, Any]:
+def baseline(history: list[dict[str, Any]]) -> dict[str, Any]:
     """The history's median fit of each primitive every history run recorded with one shape
-    (the same sizes): each numeric field, scalar or per size, the median of the history's. The
-    rest (whether the fit is usable, its flags) as tonight's fit has them where given, else the
-    newest run's: the model then takes both fits the same way, and the swap moves only what was
-    measured."""
+    (the same sizes): each numeric field, scalar or per size, the median of the history's; the
+    rest as the newest run had it (the attribution prices fits as measured, `as_measured`)."""
     prims = set.intersection(*(set(c) for c in history)) if history else set()
-    return {p: _median_fit([c[p] for c in history], (tonight or {}).get(p)) for p in sorted(prims)
+    return {p: _median_fit([c[p] for c in history]) for p in sorted(prims)
             if len({len(c[p].get("measured_s") or []) for c in history}) == 1}
 
 
-def _median_fit(fits: list[dict[str, Any]], like: dict[str, Any] | None) -> dict[str, Any]:
-    like = like or fits[0]
+def _median_fit(fits: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: _median([f.get(k) for f in fits]) if all(k in f for f in fits) and _numbers(v) else v
-            for k, v in like.items()}
+            for k, v in fits[0].items()}
 
 
 def _numbers(v: Any) -> bool:

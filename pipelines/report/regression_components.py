@@ -203,7 +203,7 @@ def check_components(now: dict[str, Any] | None, history: list[dict[str, Any]], 
     tests |= {c: robust_test(v, [f[c] for f in comm_hist]) | {"basis": "microbenchmark"}
               for c, v in rcomm.figures(now.get("comm")).items() if all(c in f for f in comm_hist)}
     tested = {rcomm.primitive_of(c) for c in tests} - {None}
-    base_fits = rcomm.baseline([h["comm"] for h in past], now["comm"]) if tested else {}
+    base_fits = rcomm.baseline([h["comm"] for h in past]) if tested else {}
     comm = ({p: rcomm.as_measured(f) for p, f in base_fits.items() if p in tested},
             {p: rcomm.as_measured(now["comm"][p]) for p in tested & set(base_fits)})
     components = [c for c in tests if rcomm.primitive_of(c) is None] + sorted(comm[1])
