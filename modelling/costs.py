@@ -229,11 +229,16 @@ class CommCosts:
         LINK_SLOPE) is that a bucket: sends faster than that crossed another path, or a link
         faster than stated, whose line no bucket explains; a bucket past the second largest send
         is not read (no line past it), and the sends are charged the rate as before."""
-        rate = self.link
-        if not rate or self.bw is not None or self.environment.get("nodes", 1) < 2:
-            return 0.0
         ps = self._nearest("ps", workers, servers)
         if ps is not None and (ps["workers"], ps["servers"]) == (workers, servers) and _noisy_only(ps):
+            return 0.0
+        return self.bucket_s()
+
+    def bucket_s(self) -> float:
+        """The node links' token bucket as the microbenchmark's sends met it, in seconds of the
+        link's rate (`link_burst`); 0 where none is read: one node, no stated rate, a what-if rate."""
+        rate = self.link
+        if not rate or self.bw is not None or self.environment.get("nodes", 1) < 2:
             return 0.0
         p2p = self._nearest("p2p", 2)
         if p2p is None or p2p["measured_s"] is None or len(p2p["sizes"]) < 2:

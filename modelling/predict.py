@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from modelling.calibration import domain
 from modelling.cores import on_shared_cores
 from modelling.costs import CommCosts
 from modelling.dag import Costs, Plan, comm_groups, without_compute
@@ -278,7 +279,17 @@ def predict_one(layers: dict[str, Any], comm: CommCosts, s: Scenario, host_cores
         "host_cpu_bound_s": host_bound,
         "no_prediction": None,
         "note": comm.note(mark) or None,
+        "domain": domain(iter_time, s.ranks, host_cores, burst_share(comm, costs, s)),
     }
+
+
+def burst_share(comm: CommCosts, c: Costs, s: Scenario) -> float:
+    """The node links' token bucket over a gradient's bytes, for a job placed over nodes on the
+    measured links (modelling/calibration.py, the domain); 0 on one node or a what-if rate."""
+    gradient = sum(c.layer_bytes)
+    if not multi_node(s.node_of_rank) or not gradient or not comm.link:
+        return 0.0
+    return comm.bucket_s() * comm.link / gradient
 
 
 def host_cpu_bound(c: Costs, s: Scenario, host_cores: int | None, insitu: bool = False) -> float:

@@ -170,6 +170,8 @@ def validate_run(
         "predicted_comm_s": pred["comm_s"],
         "measured_breakdown_s": summary.get("breakdown_s"),
         "no_prediction": pred["no_prediction"],
+        # Whether the model is validated where this run lies, or why not (modelling/calibration.py).
+        "domain": pred.get("domain", "validated"),
         # The largest rank's tensor bytes, predicted (modelling/memory.py) and counted by the run.
         "memory_predicted_bytes": pred.get("memory_bytes"),
         "memory_measured_bytes": memory,
@@ -255,6 +257,7 @@ def group_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "measured_iter_s": measured,
                 "error": _error(predicted, measured),
                 "no_prediction": next((r["no_prediction"] for r in rs if r.get("no_prediction")), None),
+                "domain": next((r["domain"] for r in rs if r.get("domain", "validated") != "validated"), "validated"),
                 "model_predicted_iter_s": model,
                 "model_error": _error(model, measured),
                 "model_error_samples": samples,

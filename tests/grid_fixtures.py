@@ -69,7 +69,7 @@ def predictions(grid: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for name, fields in scenarios(grid).items():
         [p] = predict(layers, model, Scenario(**fields))
-        out[name] = {k: p.get(k) for k in ("iter_time_s", "compute_s", "comm_s", "no_prediction", "note")}
+        out[name] = {k: p.get(k) for k in ("iter_time_s", "compute_s", "comm_s", "no_prediction", "note", "domain")}
     return out
 
 

@@ -43,6 +43,8 @@ def test_a_recorded_grid_predicts_as_recorded(grid: Path) -> None:
             assert abs(got - measured) < abs(then["iter_time_s"] - measured), (name, CHANGED[name])
             continue
         assert got == pytest.approx(then["iter_time_s"], rel=TOLERANCE), name
+        # Whether the model is validated there (modelling/calibration.py) is pinned with the figure.
+        assert now[name]["domain"] == then["domain"], name
         for part in ("compute_s", "comm_s"):
             why = COMPUTE_CHANGED.get(f"{grid.name}/{name}") if part == "compute_s" else None
             if why:

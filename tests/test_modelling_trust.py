@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from modelling.fit import fit_comm, load_comm
 from modelling.validate import MIN_INSITU_SAMPLES, validate_runs
@@ -126,18 +128,59 @@ def test_the_conformal_quantile_its_minimum_and_the_stated_default() -> None:
     assert none["interval_low_s"] is None and none["interval_kind"] == "calibrated"
 
 
-def test_outside_the_domain_the_interval_is_widened() -> None:
-    from modelling.calibration import DOMAIN_FLOOR_S, SHORT_AND_CROWDED, domain, interval
+def test_the_domain_and_its_reasons() -> None:
+    from modelling.calibration import BURST_SHARE_FLOOR, DOMAIN_FLOOR_S, SHORT_AND_CROWDED, WITHIN_BURST, domain
 
     assert domain(0.01, ranks=3, cores=2) == SHORT_AND_CROWDED
     assert domain(0.01, ranks=2, cores=2) == "validated"  # ranks fit the cores
     assert domain(DOMAIN_FLOOR_S, ranks=3, cores=2) == "validated"
     assert domain(0.01, ranks=3, cores=None) == "validated"  # cores not recorded: nothing to say
-    inside = interval(1.0, None, None, [])
-    outside = interval(1.0, None, None, [], SHORT_AND_CROWDED)
-    assert outside["domain"] == SHORT_AND_CROWDED
-    assert outside["interval_high_s"] == pytest.approx(inside["interval_high_s"] ** 2)
-    assert outside["interval_low_s"] == pytest.approx(inside["interval_low_s"] ** 2)
+    # the links' bucket: the mechanism, named before the crowding it comes with
+    assert domain(1.0, ranks=2, cores=2, burst_share=BURST_SHARE_FLOOR) == WITHIN_BURST
+    assert domain(0.01, ranks=3, cores=2, burst_share=0.5) == WITHIN_BURST
+    assert domain(1.0, ranks=2, cores=2, burst_share=BURST_SHARE_FLOOR * 0.99) == "validated"
+
+
+@given(point=st.floats(1e-4, 10.0), inside=st.lists(st.floats(0.0, 0.5), max_size=12),
+       outside=st.lists(st.floats(0.0, 2.0), max_size=12))
+def test_each_side_of_the_domain_calibrates_on_its_own_history(point, inside, outside) -> None:
+    """Mondrian split conformal: a row inside the domain rests on the inside scores alone, one
+    outside on the outside scores; a side with too short a history takes its stated default
+    (+-10% inside, a factor of 2 outside)."""
+    import math
+
+    from modelling.calibration import (
+        MIN_CALIBRATION,
+        OUTSIDE_STATED_FACTOR,
+        STATED_ACCURACY,
+        WITHIN_BURST,
+        conformal_quantile,
+        interval,
+    )
+
+    history = {"validated": inside, "outside": outside}
+    for where, own, stated in (("validated", inside, math.log1p(STATED_ACCURACY)),
+                               (WITHIN_BURST, outside, math.log(OUTSIDE_STATED_FACTOR))):
+        band = interval(point, None, None, history, where)
+        q = conformal_quantile(own)
+        assert band["domain"] == where
+        assert band["interval_kind"] == ("inputs" if len(own) < MIN_CALIBRATION else "calibrated")
+        assert band["calibration_runs"] == (0 if q is None else len(own))
+        half = stated if q is None else q
+        assert band["interval_low_s"] == pytest.approx(point * math.exp(-half))
+        assert band["interval_high_s"] == pytest.approx(point * math.exp(half))
+
+
+def test_a_row_without_a_domain_was_inside_it() -> None:
+    from modelling.calibration import WITHIN_BURST, grouped
+
+    rows = [{"predicted_iter_s": 1.0, "measured_iter_s": 2.0},
+            {"predicted_iter_s": 1.0, "measured_iter_s": 1.5, "domain": "validated"},
+            {"predicted_iter_s": 1.0, "measured_iter_s": 3.0, "domain": WITHIN_BURST},
+            {"predicted_iter_s": None, "measured_iter_s": 3.0, "domain": WITHIN_BURST}]
+    got = grouped(rows)
+    assert got["validated"] == pytest.approx([0.6931471805599453, 0.4054651081081644])
+    assert got["outside"] == pytest.approx([1.0986122886681098])
 
 
 def test_the_validation_history_is_read_from_earlier_validate_runs() -> None:
@@ -168,7 +211,7 @@ def test_the_validation_history_is_read_from_earlier_validate_runs() -> None:
     tracker = SimpleNamespace(online=True, client=Client(), experiment_id=lambda: "1")
     rows = validation_history(tracker, "cpu-local")
     assert rows == configs["a"] + configs["b"]  # the injected run is no measurement of the hardware
-    assert len(history_scores(tracker, "cpu-local")) == 12
+    assert sum(map(len, history_scores(tracker, "cpu-local").values())) == 12
     assert validation_history(SimpleNamespace(online=False), "cpu-local") == []
 
 

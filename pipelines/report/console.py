@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +112,18 @@ def _figures_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, Any
         lines = [ln for c in cells for ln in c[i].split("\n")]
         if kind != "figure":  # a word, and the header's, never folds
             widest = max(len(w) for text in [*lines, header] for w in text.split() or [""])
+            # no wider than its cells, so a long header wraps instead of taking the width the
+            # figures need (rich cuts a table whose columns want more than the terminal has)
+            most = max(widest, *(len(ln) for ln in lines))
         else:
-            widest = max(len(text) for text in [*lines, header])
-        t.add_column(header, justify="right", no_wrap=kind == "figure", overflow="fold", min_width=widest)
+            widest = most = max(len(text) for text in [*lines, header])
+        # A column that cannot narrow is no_wrap: rich narrows the widest wrapping columns first and
+        # then grows each back to its min_width, past the terminal's width.
+        # A column that cannot narrow is no_wrap, its header folded at spaces to its width: rich narrows
+        # the widest wrapping columns first and then grows each back to its min_width, past the
+        # terminal's width.
+        t.add_column(textwrap.fill(header, most) if most == widest else header, justify="right",
+                     no_wrap=most == widest, overflow="fold", min_width=widest, max_width=most)
     for r, c in zip(rows, cells, strict=True):
         t.add_row(Text(r["config"]), *(Text(c[i]) for i in keep))
     return t
@@ -255,7 +265,8 @@ def validation_table(validation: dict[str, Any]) -> Table:
     outside = sorted({c["domain"] for c in rows if c.get("domain") not in (None, "validated")})
     few = sorted({c.get("model_error_samples") for c in rows if c.get("model_error_note")}, key=str)
     caption = (f"80% interval: {how}"
-               + "".join(f"; {OUTSIDE} outside the validated domain ({d}): interval widened" for d in outside)
+               + "".join(f"; {OUTSIDE} outside the validated domain ({d}): calibrated apart, or a factor of 2"
+                         for d in outside)
                + ". end to end: the DAG fed with the profile; model: fed with the run's in-situ compute"
                + (f" (n/a: {', '.join(map(str, few))} in-situ samples, too few to judge)" if few else "") + "; "
                "spread: max/min - 1 of the repeats' measured iteration. "

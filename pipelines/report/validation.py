@@ -55,8 +55,9 @@ def validation_markdown(validation: dict[str, Any] | None) -> list[str]:
         "which an error means nothing.",
         "",
         "80% interval: the model's own error on this hardware's earlier configurations (split "
-        "conformal), widened to hold p10-p90; with too short a history, p10-p90 widened by the "
-        "model's stated accuracy ('inputs').",
+        "conformal, inside and outside the validated domain each on its own), widened to hold p10-p90; "
+        "with too short a history, p10-p90 widened by the model's stated accuracy ('inputs': +-10% "
+        "inside the domain, a factor of 2 outside it).",
         "",
         "| configuration | repeats | predicted ms (p10-p90) | 80% interval ms | measured ms | end-to-end error "
         "| model error | repeat spread | memory predicted / measured (error) |",

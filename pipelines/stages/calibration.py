@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from modelling.calibration import scores
+from modelling.calibration import grouped
 
 # The latest validations read: enough for a quantile that is not simply the worst score, few
 # enough that the hardware's history is this season's (a host changes over months).
@@ -47,6 +47,7 @@ def validation_history(tracker: Any, hardware: str, runs: int = HISTORY_RUNS) ->
         return []
 
 
-def history_scores(tracker: Any, hardware: str) -> list[float]:
-    """The end-to-end scores |log(measured / predicted)| of the hardware's earlier configurations."""
-    return scores(validation_history(tracker, hardware))
+def history_scores(tracker: Any, hardware: str) -> dict[str, list[float]]:
+    """The end-to-end scores |log(measured / predicted)| of the hardware's earlier configurations,
+    by calibration group (inside the domain, outside it)."""
+    return grouped(validation_history(tracker, hardware))

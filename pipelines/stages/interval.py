@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from modelling.calibration import domain, interval
+from modelling.calibration import interval
 from modelling.fit import CommModelError, fit_comm
 from modelling.predict import predict
 from modelling.scenario import Scenario
@@ -75,8 +75,8 @@ def _pairs(tables: list[dict[str, Any]], models: list[dict[str, Any]]) -> list[t
     return list(itertools.product(tables, models))
 
 
-def validation_intervals(ctx: RunContext, result: dict[str, Any], history: list[float] | None = None,
-                         cores: int | None = None) -> None:
+def validation_intervals(ctx: RunContext, result: dict[str, Any],
+                         history: dict[str, list[float]] | None = None) -> None:
     """predicted_p10_s / predicted_p90_s on every run and configuration row of a validation, and
     beside them the calibrated interval (modelling/calibration.py) on the history's scores."""
     spec = ctx.spec()
@@ -105,13 +105,13 @@ def validation_intervals(ctx: RunContext, result: dict[str, Any], history: list[
         c["predicted_p10_s"] = float(np.median(lows)) if lows else None
         c["predicted_p90_s"] = float(np.median(highs)) if highs else None
     for row in (*result["runs"], *result["configs"]):
-        where = domain(row["predicted_iter_s"], row["workers"] + (row.get("servers") or 0), cores)
-        row |= interval(row["predicted_iter_s"], row["predicted_p10_s"], row["predicted_p90_s"], history, where)
+        row |= interval(row["predicted_iter_s"], row["predicted_p10_s"], row["predicted_p90_s"], history,
+                        row.get("domain", "validated"))
     result["interval_inputs"] = {"profile_rounds": max((len(v) for v in tables.values()), default=0),
                                  "microbench_rounds": len(models)}
 
 
-def prediction_intervals(ctx: RunContext, history: list[float] | None = None) -> list[dict[str, Any]]:
+def prediction_intervals(ctx: RunContext, history: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
     """Every prediction of the predict stage (the grid's and the what-if world sizes and rates)
     with its p10-p90 over the rounds' inputs, in predictions.json's order, and the calibrated
     interval on the history's scores widened to hold it."""

@@ -8,7 +8,6 @@ from typing import Any
 
 from modelling.calibration import interval
 from modelling.fit import CommModelError, fit_comm
-from modelling.predict import cores_of
 from modelling.validate import summarise, validate_runs
 from pipelines.context import RunContext
 from pipelines.stages.calibration import history_scores
@@ -127,9 +126,9 @@ def validate(ctx: RunContext, trained: list[dict]) -> dict:
                     runs += [{**r, "run": Path(str(r["run"])).name} for r in res["runs"]]
         result = summarise(runs)  # repeats of a configuration count once, as their median (DESIGN §4)
         history = history_scores(t, ctx.hardware)  # earlier validations only: this one is not FINISHED
-        validation_intervals(ctx, result, history, cores_of(model))
+        validation_intervals(ctx, result, history)
         result["predictions"] = prediction_intervals(ctx, history)  # the what-if sizes too, with their p10-p90
-        result["calibration_history"] = len(history)
+        result["calibration_history"] = sum(map(len, history.values()))
         path = write_json(ctx.paths.validation, result)
         t.log_artifact(node, path)
         cols = ("run", "predicted_iter_s", "measured_iter_s", "error", "model_error", "repeat_spread")
