@@ -108,6 +108,9 @@ GRIDS = Path(__file__).resolve().parent / "fixtures" / "grids"
         pytest.param("netns3.yaml", [0, 0, 1, 2, 0], "3 nodes colocated", id="uneven-3-nodes"),
         # The issue's resnet20 at 75 Mbit/s with ASGD, whose predict stage failed the run.
         pytest.param("asgd75.yaml", [0, 1, 0], "2 nodes colocated", id="asgd-75mbit"),
+        # Issue 49's ms-scale case: lenet5 at 400 Mbit/s, 30 steps, 2 repeats, a gradient of the
+        # order of the links' token bucket.
+        pytest.param("netns2-lenet5.yaml", [0, 1, 0], "2 nodes colocated", id="lenet5-400mbit"),
     ],
 )
 def test_an_issue_spec_is_measured_predicted_and_validated(tmp_path: Path, spec: str, node_of_rank: list[int],
@@ -162,6 +165,25 @@ def test_an_issue_spec_is_measured_predicted_and_validated(tmp_path: Path, spec:
     assert status["status"] == "FINISHED", status
     if spec == "asgd75.yaml":  # its spec samples system metrics: each node's own series, by node
         _holds_per_node_series(tmp_path, nodes=2)
+    if spec == "netns2-lenet5.yaml":
+        _holds_or_says_it_is_outside_its_domain(validation)
+
+
+def _holds_or_says_it_is_outside_its_domain(validation: dict) -> None:
+    """Every configuration is predicted within max(10%, 2 x its repeat spread), or is marked
+    outside the validated domain with an 80% interval that holds its measurement: never a
+    narrow interval missed by 80% (issue 49)."""
+    from modelling.calibration import WITHIN_BURST
+
+    assert len(validation["configs"]) == 4
+    for c in validation["configs"]:
+        name = f"{c['algorithm']}-{c['comm']}: {c['error']:+.1%} (spread {c['repeat_spread']:.1%}), {c['domain']}"
+        if c["domain"] == "validated":
+            assert abs(c["error"]) <= max(0.10, 2 * c["repeat_spread"]), name
+        else:
+            assert c["interval_low_s"] <= c["measured_iter_s"] <= c["interval_high_s"], (name, c)
+        # the mechanism: lenet5's 247 KB gradient meets the links' bucket (about 200 KB at 400 Mbit/s)
+        assert c["domain"] == WITHIN_BURST, name
 
 
 def _holds_per_node_series(home: Path, nodes: int) -> None:

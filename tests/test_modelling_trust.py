@@ -88,20 +88,50 @@ def _recorded_pairs() -> list[dict[str, float]]:
     return pairs
 
 
-def test_calibrated_intervals_cover_held_out_recorded_configurations() -> None:
-    """Hold out each recorded configuration, calibrate on the rest: the 80% intervals cover
-    70-90% of the held-out ones. On n scores with no ties, leave-one-out coverage of split
-    conformal is ceil(n * 0.8) / n by construction (10/12 here); the test holds the mechanism (the
-    score, the quantile's index, the interval around the point) to it on real pairs."""
-    from modelling.calibration import interval, scores
+HISTORY = Path(__file__).resolve().parent / "fixtures" / "validation_history.json"
 
-    pairs = _recorded_pairs()
-    assert len(pairs) == 12
+
+def _history() -> list[dict]:
+    """A recorded validation history (tests/fixtures/validation_history.json): every validation
+    spec, the demo and the ms-scale lenet5 case through `ddlbench run`, in turn on one pipeline
+    home: real runs, written by benchmarks/bench_coverage.py."""
+    return json.loads(HISTORY.read_text())
+
+
+def test_a_runs_intervals_rest_on_the_validations_before_it() -> None:
+    """Each recorded run's intervals, as the product wrote them after reading the hardware's
+    history from MLflow, equal the intervals calibrated on the rows of the runs before it."""
+    from modelling.calibration import grouped, interval
+    from pipelines.stages.calibration import HISTORY_RUNS
+
+    earlier: list[list[dict]] = []
+    kinds = set()
+    for run in _history():
+        history = grouped(c for r in earlier[-HISTORY_RUNS:] for c in r)
+        for c in run["configs"]:
+            band = interval(c["predicted_iter_s"], c["predicted_p10_s"], c["predicted_p90_s"], history, c["domain"])
+            assert (band["interval_low_s"], band["interval_high_s"]) == pytest.approx(
+                (c["interval_low_s"], c["interval_high_s"]), rel=1e-9), (run["run"], c)
+            assert (band["interval_kind"], band["calibration_runs"]) == (c["interval_kind"], c["calibration_runs"])
+            kinds.add((band["interval_kind"], c["domain"] == "validated"))
+        earlier.append(run["configs"])
+    assert kinds >= {("inputs", True), ("calibrated", True), ("inputs", False)}
+
+
+def test_calibrated_intervals_cover_held_out_configurations_of_a_recorded_history() -> None:
+    """Hold out each configuration of the recorded history and calibrate on the rest of its side
+    of the domain: the 80% intervals cover 70-90% of the held-out ones. With distinct scores,
+    leave-one-out coverage of split conformal is about ceil(0.8 n) / n of each side whatever the
+    scores are: the test holds the mechanism (the groups, the score, the quantile's index, the
+    interval around the point) to it on real pairs."""
+    from modelling.calibration import grouped, interval
+
+    rows = [c for run in _history() for c in run["configs"] if c["predicted_iter_s"] is not None]
+    assert len(rows) >= 30 and any(c["domain"] != "validated" for c in rows)
     covered = []
-    for i, held in enumerate(pairs):
-        rest = scores(pairs[:i] + pairs[i + 1:])
-        band = interval(held["predicted_iter_s"], None, None, rest)
-        assert band["interval_kind"] == "calibrated" and band["calibration_runs"] == 11
+    for i, held in enumerate(rows):
+        band = interval(held["predicted_iter_s"], None, None, grouped(rows[:i] + rows[i + 1:]), held["domain"])
+        assert band["interval_kind"] == "calibrated", held
         covered.append(band["interval_low_s"] <= held["measured_iter_s"] <= band["interval_high_s"])
     assert 0.7 <= sum(covered) / len(covered) <= 0.9, covered
 
