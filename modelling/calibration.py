@@ -62,18 +62,14 @@ def log_ratio(predicted: float | None, measured: float | None) -> float | None:
     return abs(math.log(measured / predicted))
 
 
-def scores(configs: Iterable[dict[str, Any]], where: str | None = None) -> list[float]:
-    """The scores of validation configuration rows (`predicted_iter_s`, `measured_iter_s`); with
-    `where`, only those of its calibration group (a row without `domain` was inside it)."""
-    out = [log_ratio(c.get("predicted_iter_s"), c.get("measured_iter_s")) for c in configs
-           if where is None or group(c.get("domain")) == group(where)]
-    return [s for s in out if s is not None]
-
-
 def grouped(configs: Iterable[dict[str, Any]]) -> dict[str, list[float]]:
-    """The scores of validation configuration rows by calibration group."""
-    configs = list(configs)
-    return {g: scores(configs, g) for g in ("validated", OUTSIDE)}
+    """The scores of validation configuration rows (`predicted_iter_s`, `measured_iter_s`) by
+    calibration group (a row without `domain` was inside the domain)."""
+    out: dict[str, list[float]] = {"validated": [], OUTSIDE: []}
+    for c in configs:
+        if (s := log_ratio(c.get("predicted_iter_s"), c.get("measured_iter_s"))) is not None:
+            out[group(c.get("domain"))].append(s)
+    return out
 
 
 def conformal_quantile(history: list[float], level: float = LEVEL) -> float | None:

@@ -117,8 +117,6 @@ def _figures_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, Any
             most = max(widest, *(len(ln) for ln in lines))
         else:
             widest = most = max(len(text) for text in [*lines, header])
-        # A column that cannot narrow is no_wrap: rich narrows the widest wrapping columns first and
-        # then grows each back to its min_width, past the terminal's width.
         # A column that cannot narrow is no_wrap, its header folded at spaces to its width: rich narrows
         # the widest wrapping columns first and then grows each back to its min_width, past the
         # terminal's width.
