@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from modelling.links import multi_node
 
@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     from modelling.dag import Costs
 
 
-@dataclass(frozen=True)
-class Resource:
+class Resource(NamedTuple):
     """What a task holds while it runs: a part of one rank (worker 0's compute, shard 1's
-    link) or the shared network of a ring."""
+    link) or the shared network of a ring. A tuple: the simulator hashes and compares it
+    millions of times a prediction, in C."""
 
     role: str  # "worker", "server", "node" or "network"
     index: int | None = None

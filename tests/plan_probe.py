@@ -2,7 +2,8 @@
 would be: reads cases as JSON from stdin, prints one JSON result per case.
 
 A case: {"spec": path, "overrides": {...}, "home": str | None, "trigger": bool}, or "nest":
-{"field", "depth"} for overrides nested deeper than JSON is written. A result:
+{"field", "depth"} for overrides nested deeper than JSON is written; "timed" where the test
+times the refusal (the probe then warms torch's meta device first, as a worker that has planned). A result:
 {"accepted": true, "configs": N} or {"refused": text, "s": seconds}, or {"raised": repr}
 for anything else (a MemoryError, a traceback's exception): the tests fail on those.
 """
@@ -25,12 +26,14 @@ def main() -> None:
     from pipelines.spec import SpecError
     from pipelines.stages.lifecycle import plan
 
-    # Warm, as a worker that has planned before: the first forward on the meta device imports
-    # torch's reference kernels (seconds), which the timings below are not about.
-    with torch.device("meta"):
-        torch.nn.Linear(2, 2)(torch.zeros(1, 2)).relu()
+    cases = json.load(sys.stdin)
+    if any(case.get("timed") for case in cases):
+        # Warm, as a worker that has planned before: the first forward on the meta device imports
+        # torch's reference kernels (seconds), which a timed refusal is not about.
+        with torch.device("meta"):
+            torch.nn.Linear(2, 2)(torch.zeros(1, 2)).relu()
 
-    for case in json.load(sys.stdin):
+    for case in cases:
         overrides = case.get("overrides")
         if "nest" in case:  # {"field": ..., "depth": ...}: deeper than JSON is written here
             overrides = {case["nest"]["field"]: _nested(case["nest"]["depth"])}

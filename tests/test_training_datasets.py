@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training.config import build_config
-from training.datasets import LEARNABLE_BAYES_ACCURACY, LearnableSource, load_dataset
+from training.datasets import LEARNABLE_BAYES_ACCURACY, LearnableSource, load_dataset, train_samples
 
 
 def _splits(shape=(3, 32, 32), **opts):
@@ -43,3 +45,12 @@ def test_adapts_to_the_models_input_shape():
     train, test = _splits(shape=(1, 28, 28))
     x, _ = train.batch(torch.arange(4))
     assert x.shape == (4, 1, 28, 28) and test.batch(torch.arange(2))[0].shape == (2, 1, 28, 28)
+
+
+@settings(max_examples=10, deadline=None)
+@given(c=st.sampled_from([1, 3]), h=st.integers(4, 64), w=st.integers(4, 64))
+def test_the_digits_training_split_is_counted_as_loading_it_counts(c: int, h: int, w: int) -> None:
+    """The preflight counts the split without resizing it; the count is the loaded split's."""
+    cfg = build_config({"dataset": "digits", "steps": 1})
+    train, test = load_dataset(cfg, (c, h, w))
+    assert train_samples(cfg, (c, h, w)) == len(train) and len(train) + len(test) == 1797

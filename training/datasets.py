@@ -177,11 +177,15 @@ def _digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(data[:, :-1], dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(data[:, -1]).long()
 
 
+def _digits_test_count(samples: int) -> int:
+    return int(samples * _DIGITS_TEST_FRACTION)
+
+
 def _digits(cfg, shape: Shape) -> tuple[TensorSource, TensorSource, Shape]:
     images, y = _digits_arrays()
     x = images / 16.0
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(_DIGITS_SPLIT_SEED))
-    n_test = int(len(y) * _DIGITS_TEST_FRACTION)
+    n_test = _digits_test_count(len(y))
     test, train = order[:n_test], order[n_test:]
     # Resize once: the whole set is tiny.
     x = adapt(x, shape)
@@ -301,6 +305,9 @@ def train_samples(cfg, shape: Shape) -> int:
     if cfg.dataset in ("synthetic", "synthetic-learnable", "markov"):
         check_generated_size(cfg, shape)
         return cfg.synthetic_samples
+    if cfg.dataset == "digits":  # counted without resizing every image to the model's input
+        samples = len(_digits_arrays()[1])
+        return samples - _digits_test_count(samples)
     return len(load_dataset(cfg, shape)[0])
 
 

@@ -12,6 +12,7 @@ pipelines/spec/__init__.py builds the BenchSpec from what this returns.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -144,7 +145,14 @@ def _expanded_values(root: yaml.Node) -> int:
 
 def parse_yaml(text: str, source: str) -> Any:
     """One YAML document within the limits, or SpecError naming `source` (and where in it, never
-    what it says there)."""
+    what it says there). Each call gets its own copy: callers merge overrides into it."""
+    return copy.deepcopy(_parsed(text, source))
+
+
+# PyYAML's pure-Python composer (the bounded loader needs its hooks) takes tens of milliseconds
+# a spec; a process that plans a spec many times (a task's checks, a trigger's form) parses it once.
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str, source: str) -> Any:
     if len(text.encode()) > MAX_SPEC_BYTES:
         raise SpecError(f"{source}: {len(text.encode())} bytes, more than the {MAX_SPEC_BYTES} a spec may have")
     loader = None
