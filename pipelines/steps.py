@@ -2,13 +2,12 @@
 
 `call(name, ctx, *results)` turns the ctx dict (XCom, ctx.json) into a `RunContext` and runs the
 stage of that name (`pipelines.stages.STAGES`); the first stage takes a spec path instead and
-returns the ctx as a dict. `steps.<stage name>` is `call` bound to that stage. A test may set
-`_launch` to run the mapped stage's jobs its own way (it is looked up at call time).
+returns the ctx as a dict. A test may set `_launch` to run the mapped stage's jobs its own way
+(it is looked up at call time).
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from pipelines.context import as_context, default_home, default_tracking_uri
@@ -28,11 +27,3 @@ def call(name: str, ctx: Any, *results: Any, **options: Any) -> Any:
     if s.mapped and _launch is not None:
         options["launch"] = _launch
     return s.run(as_context(ctx), *results, **options)
-
-
-def __getattr__(name: str) -> Any:
-    try:
-        stage(name)
-    except KeyError as err:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from err
-    return partial(call, name)

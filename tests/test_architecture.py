@@ -162,3 +162,38 @@ def test_the_function_import_check_sees_every_form(tmp_path: Path) -> None:
         "class B:\n    async def c(self):\n        def d():\n            import modelling.fit\n"
         "        from . import sibling\n")
     assert _function_imports(tmp_path) == {"pipelines/late.py": {"training", "modelling.fit"}}
+
+
+def _shims_and_private_imports(root: Path = REPO) -> list[str]:
+    """A module `__getattr__` (a shim that keeps an old name alive) and a private name imported
+    from another project module, as `path: what`."""
+    import ast
+
+    found = []
+    for floor in PROJECT:
+        for path in sorted((root / floor).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            where = str(path.relative_to(root))
+            found += [f"{where}: module __getattr__" for node in tree.body
+                      if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"]
+            for node in ast.walk(tree):
+                project = isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PROJECT
+                if project and node.level == 0:
+                    found += [f"{where}: {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_shim_and_no_private_name_crosses_a_module() -> None:
+    assert _shims_and_private_imports() == []
+
+
+def test_the_shim_check_sees_a_shim_and_a_private_import(tmp_path: Path) -> None:
+    (tmp_path / "modelling").mkdir()
+    (tmp_path / "modelling" / "old.py").write_text(
+        "from modelling.predict import _decided, public\nfrom json import _default_decoder\n\n"
+        "def __getattr__(name):\n    raise AttributeError(name)\n\n"
+        "def f():\n    from pipelines.stages import _private\n")
+    assert _shims_and_private_imports(tmp_path) == [
+        "modelling/old.py: module __getattr__", "modelling/old.py: modelling.predict._decided",
+        "modelling/old.py: pipelines.stages._private"]

@@ -155,10 +155,10 @@ def _statuses(home: Path) -> dict[str, str]:
 START_AND_PROVISION = """
 import sys
 from pipelines import steps
-ctx = steps.start(sys.argv[1], run_key="abandoned", home=sys.argv[2],
+ctx = steps.call("start", sys.argv[1], run_key="abandoned", home=sys.argv[2],
                   overrides={"microbench.enabled": False, "profile.enabled": False},
                   airflow={"dag_id": "ddlbench_nightly", "run_id": "manual__abandoned"})
-steps.provision(ctx)
+steps.call("provision", ctx)
 """
 
 

@@ -384,11 +384,11 @@ def test_an_injected_slowdown_raises_the_alarm_confirmed_by_its_rerun_and_an_aa_
     assert report_run[0].data.metrics[metric] == pytest.approx(found["p_value"])
 
     # the next run's history leaves the injected run out: it measured the sleep, not the hardware
-    ctx = steps.start(str(e2e["spec"]), run_key="probe", home=str(home))
+    ctx = steps.call("start", str(e2e["spec"]), run_key="probe", home=str(home))
     try:
         assert [h["run_key"] for h in find_history(as_context(ctx).tracker, ctx, 10)] == ["aa-2", "aa-1", "aa-0"]
     finally:
-        steps.finish(ctx)
+        steps.call("finish", ctx)
 
 
 # The alarm as the nightly judges, on the same history: alpha 0.25 (df 2 with three history runs: t

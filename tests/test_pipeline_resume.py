@@ -41,7 +41,7 @@ TRAIN_STEP = """
 import json, sys
 from pipelines import steps
 ctx = json.loads(sys.argv[1])
-steps.train(ctx, steps.train_configs(ctx)[0])
+steps.call("train", ctx, steps.call("train_configs", ctx)[0])
 """
 
 
@@ -95,8 +95,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         # A new connection per session, so a store taken away is noticed at once.
         mp.setenv("MLFLOW_SQLALCHEMYSTORE_POOLCLASS", "NullPool")
-        ctx = steps.start(str(SMOKE), run_key=KEY, home=str(root / "home"), overrides=OVERRIDES)
-        entry = steps.train_configs(ctx)[0]
+        ctx = steps.call("start", str(SMOKE), run_key=KEY, home=str(root / "home"), overrides=OVERRIDES)
+        entry = steps.call("train_configs", ctx)[0]
         node = f"train/{entry['key']}"
         client = MlflowClient(tracking_uri=uri)
 
@@ -105,8 +105,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         out["status_after_kill"] = client.get_run(first_id).info.status
 
         (store).rename(root / "store-down")  # the store is unavailable from here
-        out["trained"] = steps.train(ctx, entry)
-        out["finished"] = steps.finish(ctx)
+        out["trained"] = steps.call("train", ctx, entry)
+        out["finished"] = steps.call("finish", ctx)
         (root / "store-down").rename(store)  # ... and back
 
         from pipelines.cli import cli

@@ -200,9 +200,9 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
     home = str(own_home["home"])
     first = json.loads((own_home["run_dir"] / "steps" / "validate.json").read_text())
     trained = [json.loads((own_home["run_dir"] / "steps" / "train" / f"{c}.json").read_text()) for c in CONFIGS]
-    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-same", home=home)
-    same = steps.report(ctx, trained, first)
-    steps.finish(ctx)
+    ctx = steps.call("start", str(SMOKE), run_key="smoke-e2e-same", home=home)
+    same = steps.call("report", ctx, trained, first)
+    steps.call("finish", ctx)
     assert same["status"] == "short-history" and same["baseline_run_key"] == KEY and same["regressions"] == []
     assert same["detail"] == "history too short (1 of 3 runs)"
     slow = []
@@ -216,10 +216,10 @@ def test_regression_check_finds_the_baseline_and_flags_a_drop(
     # Against a reference hardware: here the smoke spec's own label, whose newest run with training
     # runs (the report-only run above has none) is the module's.
     hardware = load_spec(SMOKE).hardware
-    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-slow", home=home,
+    ctx = steps.call("start", str(SMOKE), run_key="smoke-e2e-slow", home=home,
                       overrides={"regression.min_history": 2, "regression.reference_hardware": hardware})
-    slowed = steps.report(ctx, slow, first)
-    steps.finish(ctx)
+    slowed = steps.call("report", ctx, slow, first)
+    steps.call("finish", ctx)
     reference = json.loads((own_home["home"] / "runs" / "smoke-e2e-slow" / "report" / "report.json").read_text())[
         "reference"]
     assert (reference["hardware"], reference["run_key"]) == (hardware, KEY)
@@ -243,10 +243,11 @@ def test_training_runs_group_by_config_and_log_their_dataset(
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     client = own_home["client"]
-    ctx = steps.start(str(SMOKE), run_key="smoke-e2e-repeat", home=str(own_home["home"]), overrides={"repeats": 2})
-    entry = next(e for e in steps.train_configs(ctx) if e["key"] == "lenet5-ssgd-allreduce-w2-b32-r1")
-    assert steps.train(ctx, entry)["status"] == "FINISHED"
-    steps.finish(ctx)
+    ctx = steps.call("start", str(SMOKE), run_key="smoke-e2e-repeat", home=str(own_home["home"]),
+                     overrides={"repeats": 2})
+    entry = next(e for e in steps.call("train_configs", ctx) if e["key"] == "lenet5-ssgd-allreduce-w2-b32-r1")
+    assert steps.call("train", ctx, entry)["status"] == "FINISHED"
+    steps.call("finish", ctx)
     group = client.search_runs([own_home["exp"]], "tags.`ddlbench.config` = 'lenet5-ssgd-allreduce-w2-b32'")
     assert sorted(r.data.tags["ddlbench.repeat"] for r in group) == ["0", "1"]
     assert {r.info.status for r in group} == {"FINISHED"}

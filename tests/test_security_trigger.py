@@ -175,7 +175,7 @@ def test_a_refused_trigger_ends_at_start_with_nothing_written(root: Path) -> Non
          "overrides.provider.name: 'kubernetes' is not the spec's"),
     ]
     for spec_path, h, overrides, expected in cases:
-        text = refused(lambda s=spec_path, h=h, o=overrides: steps.start(s, run_key="k", home=h, overrides=o,
+        text = refused(lambda s=spec_path, h=h, o=overrides: steps.call("start", s, run_key="k", home=h, overrides=o,
                                                                           airflow=AIRFLOW), expected)
         assert "root:" not in text
     assert not home.exists() and not (root / "outside").exists()  # no run directory, no MLflow store
