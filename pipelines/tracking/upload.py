@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pipelines.tracking import store
+
 TAG_RUN_KEY = "ddlbench.run_key"
 TAG_NODE = "ddlbench.node"
 # Whose a run is and where its journal lives, so that a run whose run directory vanished can
@@ -95,6 +97,7 @@ class Uploader:
 
             for name in _STORE_LOGGERS:
                 logging.getLogger(name).addFilter(_one_line)
+            store.prepare(self.tracking_uri)
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
 
