@@ -426,10 +426,10 @@ def _runs(ctx: dict[str, Any]) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def nightly(airflow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`ddlbench_nightly` once on the smoke spec; shared by the checks below."""
+    """`ddlbench_nightly` once on the smoke spec, its jobs 100 steps long; shared by the checks below."""
     home = tmp_path_factory.mktemp("nightly-home")
     dag_run, tis = _run_dag(airflow_home, "ddlbench_nightly",
-                            {"spec_path": str(SMOKE), "home": str(home)})
+                            {"spec_path": str(SMOKE), "home": str(home), "overrides": {"steps": 100}})
     return {"dag_run": dag_run, "tis": tis, "home": home, "ctx": _ctx_of(home)}
 
 
