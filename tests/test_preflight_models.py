@@ -133,12 +133,16 @@ class _RaisesLongly(nn.Module):
 
 
 @pytest.fixture
-def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three test models by name, each built for 3x8x8 inputs."""
+def fake_models(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Three test models by name, each built for 3x8x8 inputs. The check's answers are kept per
+    process for the registry's models; a test's own builds start and leave none."""
     fakes = {"reads-input": _ReadsItsInput, "reads-weights": _ReadsItsWeights,
              "raises-longly": lambda shape: _RaisesLongly()}
     monkeypatch.setattr(models, "check_model_name", lambda name: None)
     monkeypatch.setattr(models, "build_model", lambda name, shape, classes, options=None: fakes[name]((3, 8, 8)))
+    models._failure.cache_clear()
+    yield
+    models._failure.cache_clear()
 
 
 def test_where_the_meta_device_cannot_tell_a_real_step_decides(fake_models) -> None:

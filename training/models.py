@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 from torch import nn
@@ -193,7 +193,15 @@ def check_model_trains(name: str, input_shape: tuple[int, int, int], num_classes
 def _training_failure(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
                       options: Mapping[str, int | None] | None) -> str | None:
     """Why a training step at `batch` inputs of `input_shape` fails, in one line; None where it
-    trains or where neither the meta device nor a bounded real build can tell."""
+    trains or where neither the meta device nor a bounded real build can tell. Asked once per
+    process for each model, shape and batch: a grid's configurations share them."""
+    return _failure(name, tuple(input_shape), num_classes, batch, tuple(sorted((options or {}).items())))
+
+
+@lru_cache(maxsize=256)
+def _failure(name: str, input_shape: tuple[int, int, int], num_classes: int, batch: int,
+             option_items: tuple[tuple[str, int | None], ...]) -> str | None:
+    options = dict(option_items) or None
     try:
         with _weights_on_meta():
             model = build_model(name, input_shape, num_classes, options)
