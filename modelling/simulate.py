@@ -56,11 +56,13 @@ class Dag:
         absorbs: float = 0.0,
         procs: int = 0,
     ) -> int:
-        deps = tuple(d for d in deps if d is not None)
+        deps = tuple(deps)
+        if None in deps:  # a builder's optional dependency (the first step has no previous one)
+            deps = tuple(d for d in deps if d is not None)
         n = len(self.names)
         if duration < 0:
             raise ValueError(f"task {name}: negative duration {duration}")
-        if not 0.0 <= absorbs <= duration:
+        if absorbs and not 0.0 <= absorbs <= duration:
             raise ValueError(f"task {name}: absorbs {absorbs} s of its wait, not within its duration {duration}")
         if deps and (max(deps) >= n or min(deps) < 0):
             raise ValueError(f"task {name}: depends on a task that does not exist yet")
