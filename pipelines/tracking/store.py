@@ -13,6 +13,7 @@ run goes to its suite's experiment), keeps the artifact location the template wa
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -36,11 +37,11 @@ def sqlite_path(uri: str) -> Path | None:
 
 def _template() -> Path:
     """This MLflow version's empty store, made by MLflow once per machine."""
-    import mlflow  # here, not at the top: the DAG files import the tracking package at parse time
-
-    template = cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    template = cache_dir() / f"mlflow-{importlib.metadata.version('mlflow')}-empty.db"
     if template.exists():
         return template
+    import mlflow  # here, not at the top: the DAG files import the tracking package at parse time
+
     template.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=template.parent, suffix=".db")
     os.close(fd)
