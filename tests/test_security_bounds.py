@@ -41,9 +41,10 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in (SPEC_DIRS_ENV, HOME_ROOT_ENV, "MLFLOW_TRACKING_URI")}
 
 
-@pytest.fixture()
-def deployment(tmp_path: Path) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A deployment with a spec directory holding a netns and a slurm variant of the smoke spec."""
+    tmp_path = tmp_path_factory.mktemp("deployment")
     specs = tmp_path / "specs"
     specs.mkdir()
     smoke = yaml.safe_load(SMOKE.read_text())
@@ -70,7 +71,8 @@ TRIGGERED = [
 ]
 
 
-def test_each_case_of_the_issue_is_refused_in_one_line_naming_its_field(deployment: dict[str, Any]) -> None:
+def _issue_cases(deployment: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The issue's cases as the probe's, each with the field its refusal names."""
     specs = {"smoke": str(SMOKE), "netns": str(deployment["specs"] / "netns.yaml"),
              "slurm": str(deployment["specs"] / "slurm.yaml")}
     cases = [(specs[s], o, f) for s, o, f in TRIGGERED]
@@ -79,21 +81,43 @@ def test_each_case_of_the_issue_is_refused_in_one_line_naming_its_field(deployme
               ("~/specs/smoke.yaml", {}, "spec_path: "),
               (str(SMOKE), {"repeats": 1}, "home: must not hold control characters")]
     homes = [str(deployment["home"])] * (len(cases) - 1) + [f"{deployment['home']}\u2028x"]
-    results = probe([{"spec": s, "overrides": o, "home": h, "trigger": True, "timed": True}
-                     | ({} if o is not None else {"nest": {"field": "regression", "depth": 990}})
-                     for (s, o, _), h in zip(cases, homes, strict=True)], deployment["env"])
-    for (spec, overrides, field), result in zip(cases, results, strict=True):
-        assert "refused" in result, (spec, overrides, result)
+    return [({"spec": s, "overrides": o, "home": h, "trigger": True, "timed": True}
+             | ({} if o is not None else {"nest": {"field": "regression", "depth": 990}}), field)
+            for (s, o, field), h in zip(cases, homes, strict=True)]
+
+
+def _power_cases(deployment: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+    """Every numeric field at 10^0 .. 10^18, as (field, k, the probe's case)."""
+    specs = {"smoke": str(SMOKE), "netns": str(deployment["specs"] / "netns.yaml")}
+    return [(f, k, {"spec": specs[spec], "overrides": o, "home": str(deployment["home"])})
+            for f in numeric_fields() for k in range(19) for spec, o in [_overrides(f, 10**k)]]
+
+
+EMPTY_HOME = [{"spec": str(SMOKE), "overrides": {"repeats": 1}, "home": "", "trigger": True}]
+
+
+@pytest.fixture(scope="module")
+def probed(deployment: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The module's planning cases in one probe process (each process imports torch and the
+    pipeline, seconds), its results by the test they are for."""
+    groups = {"issue": [c for c, _ in _issue_cases(deployment)], "empty home": EMPTY_HOME,
+              "powers": [c for _, _, c in _power_cases(deployment)]}
+    results = iter(probe([c for cases in groups.values() for c in cases], deployment["env"]))
+    return {name: [next(results) for _ in cases] for name, cases in groups.items()}
+
+
+def test_each_case_of_the_issue_is_refused_in_one_line_naming_its_field(
+        deployment: dict[str, Any], probed: dict[str, list[dict[str, Any]]]) -> None:
+    for (case, field), result in zip(_issue_cases(deployment), probed["issue"], strict=True):
+        assert "refused" in result, (case, result)
         text = result["refused"]
-        assert "\n" not in text and field in text and "Traceback" not in text, (overrides, text)
-        assert result["s"] < 2, (overrides, result["s"])  # a check, not a run: milliseconds, torch warmed
+        assert "\n" not in text and field in text and "Traceback" not in text, (case["overrides"], text)
+        assert result["s"] < 2, (case["overrides"], result["s"])  # a check, not a run: milliseconds, torch warmed
     assert not deployment["home"].exists()  # no run directory, no MLflow store
 
 
-def test_an_empty_home_is_the_default_home_as_start_uses_it(deployment: dict[str, Any]) -> None:
-    results = probe([{"spec": str(SMOKE), "overrides": {"repeats": 1}, "home": "", "trigger": True}],
-                    deployment["env"])
-    assert results == [{"accepted": True, "configs": 3}]
+def test_an_empty_home_is_the_default_home_as_start_uses_it(probed: dict[str, list[dict[str, Any]]]) -> None:
+    assert probed["empty home"] == [{"accepted": True, "configs": 3}]
 
 
 def test_ddlbench_run_refuses_in_one_line_without_a_traceback(tmp_path: Path) -> None:
@@ -155,17 +179,13 @@ def _overrides(field: str, value: int) -> tuple[str, dict[str, Any]]:
 
 
 def test_every_numeric_field_at_every_power_of_ten_plans_within_its_bound_or_is_refused(
-        deployment: dict[str, Any]) -> None:
+        deployment: dict[str, Any], probed: dict[str, list[dict[str, Any]]]) -> None:
     fields = numeric_fields()
     assert {"steps", "workers[]", "what_if.workers[]", "train.synthetic_samples", "provider.options.nodes",
             "microbench.sizes[]", "profile.repeats", "train.keep_checkpoints", "train.threads",
             "train_timeout_s"} <= set(fields)
-    specs = {"smoke": str(SMOKE), "netns": str(deployment["specs"] / "netns.yaml")}
-    cases = [(f, k, *_overrides(f, 10**k)) for f in fields for k in range(19)]
-    results = probe([{"spec": specs[s], "overrides": o, "home": str(deployment["home"])} for _, _, s, o in cases],
-                    deployment["env"])
     accepted, wrong = 0, []
-    for (field, k, _, _), result in zip(cases, results, strict=True):
+    for (field, k, _), result in zip(_power_cases(deployment), probed["powers"], strict=True):
         if "refused" in result:
             text, leaf = result["refused"], field.removesuffix("[]").rsplit(".", 1)[-1]
             if "\n" in text or leaf.removesuffix("s") not in text:
