@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
@@ -474,8 +474,13 @@ def _texts_overlap_nowhere_and_points_lie_inside(fig: Any) -> None:
 
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
+    # An axis keeps the labels of ticks just outside its limits, visible but not drawn.
+    undrawn = {id(label) for ax in fig.axes for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim()))
+               for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()] for label in (tick.label1, tick.label2)
+               if tick.get_loc() is None
+               or not min(lo, hi) - 1e-9 * abs(hi - lo) <= tick.get_loc() <= max(lo, hi) + 1e-9 * abs(hi - lo)}
     texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()
-             and t.get_figure() is fig]
+             and t.get_figure() is fig and id(t) not in undrawn]
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
     for (a, ba), (b, bb) in itertools.combinations(boxes, 2):
         assert not ba.overlaps(bb) or ba.contains(*bb.min) and ba.contains(*bb.max) and a == b, (a, b)
@@ -496,6 +501,7 @@ def _texts_overlap_nowhere_and_points_lie_inside(fig: Any) -> None:
 @settings(max_examples=8, deadline=None)
 @given(n=st.integers(1, 8), base=st.floats(0.5, 500.0), spread=st.floats(0.0, 0.02),
        lm=st.booleans(), names=st.sampled_from(["m", "gpt-mini-L3-d192-h3-T96-markov"]))
+@example(n=1, base=256.5, spread=0.0, lm=False, names="m")  # a tick just outside the limits keeps its label
 def test_every_report_figure_reads_its_labels_apart_and_holds_its_points(n: int, base: float, spread: float,
                                                                          lm: bool, names: str) -> None:
     """Predicted vs measured with n configurations whose points nearly coincide, the curves of an
