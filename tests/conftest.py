@@ -98,3 +98,29 @@ def _homes_under_the_test_root(tmp_path_factory: pytest.TempPathFactory) -> None
     lies (pipelines/spec/trigger.py refuses a trigger's home outside it); a test of the refusal sets
     its own root."""
     os.environ.setdefault("DDLBENCH_HOME_ROOT", str(tmp_path_factory.getbasetemp()))
+
+
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave without the interpreter's teardown once pytest has reported: with torch, MLflow and
+    Airflow loaded it takes seconds, and nothing after this hook reads what it frees. A thread
+    still running that would keep the interpreter alive is named, and the exit left to Python."""
+    import sys
+    import threading
+
+    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
+            and not t.daemon]
+    if left or not _exit_status:
+        if left:
+            sys.stderr.write(f"tests/conftest.py: threads still running at the end: {left}\n")
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status[-1])
