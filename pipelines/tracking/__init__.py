@@ -12,8 +12,8 @@ in it, the tracker ends the run's runs in MLflow directly, FAILED, and raises `R
 The package is everything between a stage and MLflow: this module's `Tracker`, the journal each
 call goes to first (`journal`), its upload (`upload`), the ending of runs whose owner died
 (`stranded`), the tracking URI with its password masked (`uri`) and a new SQLite store made as a
-copy of an empty one (`store`). It may import the run context
-and infra; the stages and the CLI import it.
+copy of an empty one (`store`). It may import the run context and infra; the stages and the CLI
+import it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import contextlib
 import importlib.metadata
 import os
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -35,6 +34,12 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix(SQLITE))
 
 
+def _beside(path: Path) -> Path:
+    """A name no other process uses, in `path`'s folder: a file is made there, then moved or
+    linked to `path` whole."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+
+
 def _template() -> Path:
     """This MLflow version's empty store, made by MLflow once per machine."""
     template = cache_dir() / f"mlflow-{importlib.metadata.version('mlflow')}-empty.db"
@@ -43,9 +48,7 @@ def _template() -> Path:
     import mlflow  # here, not at the top: the DAG files import the tracking package at parse time
 
     template.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=template.parent, suffix=".db")
-    os.close(fd)
-    os.unlink(tmp)  # MLflow makes the file itself
+    tmp = _beside(template)  # MLflow makes the file itself
     try:
         mlflow.MlflowClient(tracking_uri=f"{SQLITE}{tmp}").search_experiments()
         os.replace(tmp, template)  # another process's template is the same schema
@@ -65,7 +68,7 @@ def prepare(uri: str) -> None:
         template = _template()
     except Exception:  # noqa: BLE001 - no template: MLflow makes the store itself, as without one
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")  # a file of the umask's mode
+    tmp = _beside(path)  # copied into a new file: the umask's mode, as MLflow's own store has
     try:
         shutil.copyfile(template, tmp)
         with contextlib.suppress(FileExistsError):  # made meanwhile: that one stays
