@@ -1,8 +1,9 @@
 """The cluster-provider interface (DESIGN §5).
 
-A provider provisions nodes, launches one torchrun per node for a job, streams
-its logs, waits with a timeout, and always tears down. Commands are argument
-lists, never shell strings built from input.
+A provider provisions nodes, launches one launcher per placement agent for a job
+(infra/zygote.py, or torchrun for a job with restarts), streams its logs, waits with a
+timeout, and always tears down. Commands are argument lists, never shell strings built
+from input.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
@@ -114,10 +115,26 @@ def failed_ranks_from_log(text: str) -> list[dict]:
     return out
 
 
-def torchrun_argv(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
-                  master_addr: str | None = None, master_port: int | None = None, *,
-                  max_restarts: int = 0) -> list[str]:
-    """The torchrun part of a command line: standalone on one node, static rendezvous otherwise."""
+def launch_argv(nprocs: Sequence[int], agent: int = 0, master_addr: str | None = None,
+                master_port: int | None = None, *, max_restarts: int = 0) -> list[str]:
+    """The launcher part of one agent's command line (the module and its arguments follow).
+
+    `nprocs` is every agent's rank count in rank order, `agent` this one's index. A job without
+    restarts is forked from one warm interpreter per agent (infra/zygote.py); one with restarts
+    runs under torchrun, whose elastic agents restart every agent's ranks together."""
+    if max_restarts:
+        return _torchrun_argv(nprocs[agent], len(nprocs), agent, master_addr, master_port, max_restarts)
+    argv = [sys.executable, "-m", "infra.zygote", f"--nprocs={','.join(str(n) for n in nprocs)}", f"--agent={agent}"]
+    if master_addr is not None:
+        argv.append(f"--master-addr={master_addr}")
+    if master_port is not None:
+        argv.append(f"--master-port={master_port}")
+    return argv
+
+
+def _torchrun_argv(nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str | None,
+                   master_port: int | None, max_restarts: int) -> list[str]:
+    """torchrun's part of a command line: standalone on one node, static rendezvous otherwise."""
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
             f"--max-restarts={max_restarts}", "--monitor-interval=0.2"]
     if nnodes == 1 and master_addr is None:
@@ -126,18 +143,20 @@ def torchrun_argv(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
                    f"--master-port={master_port}"]
 
 
-def torchrun_shell(nproc_per_node: int, nnodes: int, module: str, args: list[str], node_rank: str,
-                   master_addr: str, master_port: str, python: str = sys.executable, *,
-                   max_restarts: int = 0) -> str:
-    """torchrun as one shell command for a node that learns its rank and master only when it runs.
+def launch_shell(nprocs: Sequence[int], module: str, args: list[str], agent: str, master_addr: str,
+                 master_port: str, python: str = sys.executable, *, max_restarts: int = 0) -> str:
+    """`launch_argv` as one shell command for a node that learns its agent index and master only
+    when it runs.
 
-    node_rank, master_addr and master_port are shell words expanded on the node (for example
+    agent, master_addr and master_port are shell words expanded on the node (for example
     "$SLURM_NODEID"); every other word is quoted. Used by schedulers that start the same
     command on every node (SLURM's srun, a Kubernetes Indexed Job).
     """
-    expanded = {"--node-rank": node_rank, "--master-addr": master_addr, "--master-port": master_port}
+    expanded = {"--node-rank": agent, "--agent": agent, "--master-addr": master_addr, "--master-port": master_port}
     words = [shlex.quote(python)]
-    for arg in torchrun_argv(nproc_per_node, nnodes, 0, "-", 0, max_restarts=max_restarts)[1:]:
+    # torchrun takes this agent's own count: a shell word stands for an agent of a uniform placement
+    index = int(agent) if agent.isdigit() else 0
+    for arg in launch_argv(nprocs, index, "-", 0, max_restarts=max_restarts)[1:]:
         key = arg.split("=", 1)[0]
         words.append(f"{key}={expanded[key]}" if key in expanded else shlex.quote(arg))
     return " ".join(words + [shlex.quote(a) for a in ["-m", module, *args]])

@@ -45,7 +45,7 @@ from infra.base import (
     Provider,
     ProviderError,
     failed_ranks_from_log,
-    torchrun_shell,
+    launch_shell,
 )
 from infra.lifeline import Launcher, wait_for_exit, watchdog
 from infra.options import (
@@ -275,21 +275,22 @@ class KubernetesProvider(Provider):
         return service, k8s_job
 
     def _pod_command(self, job: Job, placement: Placement, master: str) -> str:
-        """What pod i runs: its placement node's torchrun agents (infra/placement.py). A uniform
-        placement is one torchrun per pod, `--node-rank` the pod's index; otherwise each pod starts
-        its node's agents (a node's workers, and its colocated shards) in the background, with
-        `--node-rank` the agent's index, and the first to fail fails the pod."""
+        """What pod i runs: its placement node's agents' launchers (infra/placement.py). A uniform
+        placement is one launcher per pod, its agent index the pod's; otherwise each pod starts
+        its node's agents (a node's workers, and its colocated shards) in the background, each
+        with its agent index, and the first to fail fails the pod."""
         agents = placement.agents()
+        nprocs = [a.nproc for a in agents]
 
-        def torchrun(nproc: int, nnodes: int, node_rank: str) -> str:
-            return torchrun_shell(nproc, nnodes, job.module, job.args, node_rank, master, str(self.master_port),
-                                  self.python, max_restarts=job.max_restarts)
+        def launcher(agent: str) -> str:
+            return launch_shell(nprocs, job.module, job.args, agent, master, str(self.master_port),
+                                self.python, max_restarts=job.max_restarts)
 
         if placement.uniform:
-            return torchrun(agents[0].nproc, len(agents), '"$JOB_COMPLETION_INDEX"')
+            return launcher('"$JOB_COMPLETION_INDEX"')
         lines = ['pids=""', 'case "$JOB_COMPLETION_INDEX" in']
         for node in range(self.nodes):
-            mine = [f'{torchrun(a.nproc, len(agents), str(i))} & pids="$pids $!";'
+            mine = [f'{launcher(str(i))} & pids="$pids $!";'
                     for i, a in enumerate(agents) if a.node == node]
             lines.append(f"  {node}) " + (" ".join(mine) if mine else "exit 0;") + " ;;")
         # Each agent is waited for by the pid it started with, once it has ended: `jobs` forgets a

@@ -2,11 +2,12 @@
 
 Linux's PR_SET_PDEATHSIG has the kernel signal a process when its parent dies; it
 survives exec. Two places use it, so no part of a job outlives its launcher:
-- the launcher starts each torchrun agent as `python -m infra.lifeline PARENT_PID
-  CMD...`, which sets the signal and execs CMD, so the agent dies with the launcher
-  (a `ddlbench train` or an Airflow task killed outright, an OOM kill);
-- every rank calls `die_with_torchrun()` first thing, before importing torch, so it dies
-  with its torchrun agent (which starts ranks in sessions of their own).
+- the launcher starts each agent (infra/zygote.py, or torchrun) as `python -m infra.lifeline
+  PARENT_PID CMD...`, which sets the signal and execs CMD, so the agent dies with the
+  launcher (a `ddlbench train` or an Airflow task killed outright, an OOM kill);
+- every rank dies with its agent: a forked rank sets the signal as it is forked, and a rank
+  that torchrun starts (in a session of its own) calls `die_with_agent()` first thing,
+  before importing torch.
 
 A job that a scheduler runs (a SLURM job, a Kubernetes Job) has no process of the launcher's
 to signal. For those the launcher starts a watchdog, `python -m infra.lifeline --on-death
@@ -48,8 +49,8 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKIL
         os._exit(128 + int(sig))
 
 
-def die_with_torchrun(sig: int = signal.SIGKILL) -> None:
-    """A rank's lifeline: die with the torchrun agent that started it. An agent killed while
+def die_with_agent(sig: int = signal.SIGKILL) -> None:
+    """A rank's lifeline: die with the agent that started it. An agent killed while
     the rank was starting has already left it reparented to a process that is no agent (pid 1,
     a subreaper): exit then. An agent may itself be pid 1 (a Kubernetes pod's first process)."""
     if not any(marker in _cmdline(os.getppid()) for marker in _AGENT_MARKERS):
@@ -57,7 +58,7 @@ def die_with_torchrun(sig: int = signal.SIGKILL) -> None:
     die_with_parent(sig=sig)
 
 
-_AGENT_MARKERS = ("torch.distributed.run", "torchrun")
+_AGENT_MARKERS = ("infra.zygote", "torch.distributed.run", "torchrun")
 
 
 def _cmdline(pid: int) -> str:

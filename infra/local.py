@@ -1,11 +1,11 @@
-"""The `local` provider: every rank on this host, `torchrun --standalone`."""
+"""The `local` provider: every rank on this host, one launcher (infra/zygote.py) for them all."""
 
 from __future__ import annotations
 
 import platform
 from typing import Any
 
-from infra.base import Job, JobResult, Node, Provider, base_env, run_processes, torchrun_argv
+from infra.base import Job, JobResult, Node, Provider, base_env, launch_argv, run_processes
 from infra.options import ProviderOptions
 
 
@@ -28,7 +28,7 @@ class LocalProvider(Provider):
 
     def run(self, job: Job, echo: bool = True) -> JobResult:
         self.place_job(job)  # one node: every rank here, workers first
-        argv = torchrun_argv(job.world_size, max_restarts=job.max_restarts) + ["-m", job.module, *job.args]
+        argv = launch_argv([job.world_size], max_restarts=job.max_restarts) + ["-m", job.module, *job.args]
         env = base_env(self.threads) | job.env
         return run_processes([argv], [env], job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0,
                              cancel=job.cancel)

@@ -45,8 +45,8 @@ from infra.base import (
     Provider,
     ProviderError,
     base_env,
+    launch_argv,
     run_processes,
-    torchrun_argv,
 )
 from infra.lifeline import Launcher, importable_env
 from infra.node_usage import NodeUsage, link_bytes, namespace_pids, processes
@@ -330,12 +330,13 @@ class NetnsProvider(Provider):
         placement = self.place_job(job)
         nodes = self.provision()
         argvs, envs = [], []
-        # One torchrun agent per (role, node), in rank order; agent 0 (node 0's workers) hosts the store.
-        for i, agent in enumerate(placement.agents()):
-            torchrun = torchrun_argv(agent.nproc, len(placement.agents()), i, nodes[0].address, self.master_port,
-                                     max_restarts=job.max_restarts)
+        # One launcher per agent ((role, node)), in rank order; agent 0 (node 0's workers) hosts the store.
+        agents = placement.agents()
+        for i, agent in enumerate(agents):
+            launcher = launch_argv([a.nproc for a in agents], i, nodes[0].address, self.master_port,
+                                   max_restarts=job.max_restarts)
             n = agent.node
-            argvs.append(["ip", "netns", "exec", self.ns_name(n), *torchrun, "-m", job.module, *job.args])
+            argvs.append(["ip", "netns", "exec", self.ns_name(n), *launcher, "-m", job.module, *job.args])
             ifname = {"GLOO_SOCKET_IFNAME": self.ifname(n), "NCCL_SOCKET_IFNAME": self.ifname(n)}
             envs.append(base_env(self.threads) | job.env | ifname)
         return run_processes(argvs, envs, job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0,

@@ -50,9 +50,9 @@ from infra.base import (
     ProviderError,
     base_env,
     failed_ranks_from_log,
+    launch_argv,
+    launch_shell,
     run_processes,
-    torchrun_argv,
-    torchrun_shell,
 )
 from infra.lifeline import Launcher, on_death
 from infra.options import SLURM_NAME, OneLine, PlacementOptions, clip, excerpt, integer_at_least, matching
@@ -262,11 +262,11 @@ class SlurmProvider(Provider):
             "# One step per torchrun agent, in rank order: --node-rank is the agent's index.",
         ]
         for i, agent in enumerate(agents):
-            torchrun = torchrun_shell(agent.nproc, len(agents), job.module, job.args, str(i),
-                                      '"$DDLBENCH_MASTER_ADDR"', '"$DDLBENCH_MASTER_PORT"', self.python,
-                                      max_restarts=job.max_restarts)
+            launcher = launch_shell([a.nproc for a in agents], job.module, job.args, str(i),
+                                    '"$DDLBENCH_MASTER_ADDR"', '"$DDLBENCH_MASTER_PORT"', self.python,
+                                    max_restarts=job.max_restarts)
             step = " ".join(self._step_options(agent))
-            lines.append(f'srun {step} --nodelist="${{DDLBENCH_NODES[{agent.node}]}}" {torchrun} &')
+            lines.append(f'srun {step} --nodelist="${{DDLBENCH_NODES[{agent.node}]}}" {launcher} &')
         lines += [
             "# The first step to fail fails the job; the other steps are stopped.",
             "status=0",
@@ -349,10 +349,10 @@ class SlurmProvider(Provider):
         port = 20000 + secrets.randbelow(20000)  # steps of one allocation may run side by side
         argvs = []
         for i, agent in enumerate(agents):
-            torchrun = torchrun_argv(agent.nproc, len(agents), i, master, port, max_restarts=job.max_restarts)
+            launcher = launch_argv([a.nproc for a in agents], i, master, port, max_restarts=job.max_restarts)
             argvs.append(["srun", f"--jobid={self.allocation}", *self._step_options(agent),
                           f"--nodelist={self._nodes[agent.node].name}", _job_name(job),
-                          self.python, *torchrun[1:], "-m", job.module, *job.args])
+                          self.python, *launcher[1:], "-m", job.module, *job.args])
         env = base_env(self.threads) | job.env | self._job_env()
         return run_processes(argvs, [env] * len(argvs), job.log_path, job.timeout_s, echo,
                              fail_fast=job.max_restarts == 0, cancel=job.cancel)

@@ -204,7 +204,7 @@ def test_a_training_task_killed_by_its_execution_timeout_fails_the_run_and_leave
 @pytest.mark.timeout(900)
 def test_sigkill_of_a_task_process_running_train_leaves_no_process_and_no_running_mlflow_run(
         airflow: AirflowServices, tmp_path: Path) -> None:
-    """The task process itself killed outright (an OOM kill): its torchrun agent and ranks die
+    """The task process itself killed outright (an OOM kill): its agent and ranks die
     with it within 10 s; Airflow fails the task, and `finish` ends its MLflow run FAILED."""
     home = tmp_path / "home"
     overrides = {"algorithms": [{"name": "ssgd"}], "steps": 10**6, "epochs": None, "train_timeout_s": 3600,
@@ -217,7 +217,7 @@ def test_sigkill_of_a_task_process_running_train_leaves_no_process_and_no_runnin
     while agent is None and time.monotonic() < deadline:
         for p in psutil.process_iter(["cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "torch.distributed.run" in cmd and str(home) in cmd:
+            if "infra.zygote" in cmd and str(home) in cmd:
                 agent = p
         time.sleep(0.5)
     assert agent is not None, "the training job never started"

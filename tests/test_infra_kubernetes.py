@@ -258,9 +258,8 @@ def test_objects_validate_against_the_api_models(tmp_path):
     assert {e.name: e.value for e in container.env}["NCCL_DEBUG"] == "WARN"
     command = container.command[2]
     for word in (
-        "--nproc-per-node=4",
-        "--nnodes=2",
-        '--node-rank="$JOB_COMPLETION_INDEX"',
+        "-m infra.zygote --nprocs=4,4",
+        '--agent="$JOB_COMPLETION_INDEX"',
         "--master-addr=ddlbench-abc-0.ddlbench-abc",
         "--master-port=29500",
         "-m training.run '/runs/lenet5 a'",
@@ -291,13 +290,13 @@ def test_option_errors(tmp_path):
     (["sleep 0.1; exit 5", "sleep 0.1; exit 0"], 5),
 ])
 def test_a_pod_with_several_agents_exits_with_the_first_failure(agents: list[str], code: int) -> None:
-    """Pod 0's command with its two torchrun agents replaced by shell stand-ins, 4 pods at once
+    """Pod 0's command with its two agents replaced by shell stand-ins, 4 pods at once
     (the pods mostly sleep: together they take the time of one)."""
     provider = KubernetesProvider(nodes=2, gpus_per_node=1, python=sys.executable, master_port=29500)
     job = Job("tests.rank_probe", ["out"], world_size=3, servers=1, log_path=Path("log"))
     command = provider.objects(job, "probe")[1]["spec"]["template"]["spec"]["containers"][0]["command"][2]
     runs = iter(agents * 4)
-    agent = r"\S+ -m torch\.distributed\.run .*? -m tests\.rank_probe out"
+    agent = r"\S+ -m infra\.zygote .*? -m tests\.rank_probe out"
     command = re.sub(agent, lambda _: f"({next(runs)})", command)
     started = time.monotonic()
     pods = [subprocess.Popen(["bash", "-c", command], env={"JOB_COMPLETION_INDEX": "0", "PATH": os.environ["PATH"]})
@@ -306,10 +305,10 @@ def test_a_pod_with_several_agents_exits_with_the_first_failure(agents: list[str
     assert codes == [code] * 4 and time.monotonic() - started < 5
 
 
-@pytest.mark.slow  # torchrun agents, run here for real
+@pytest.mark.slow  # the agents, run here for real
 def test_a_placement_with_different_ranks_per_pod_runs_its_agents_with_the_roles_kept(tmp_path):
-    """2 workers + 1 colocated shard on 2 pods: pod 0 runs worker 0 and the shard (two torchrun
-    agents), pod 1 worker 1. Each pod's command runs here for real (torchrun over loopback)."""
+    """2 workers + 1 colocated shard on 2 pods: pod 0 runs worker 0 and the shard (two
+    agents), pod 1 worker 1. Each pod's command runs here for real (over loopback)."""
     provider = KubernetesProvider(nodes=2, gpus_per_node=1, python=sys.executable,
                                   master_port=free_port())
     job = Job("tests.rank_probe", [str(tmp_path)], world_size=3, servers=1, log_path=tmp_path / "log")
@@ -321,7 +320,7 @@ def test_a_placement_with_different_ranks_per_pod_runs_its_agents_with_the_roles
     command = container["command"][2]
     assert 'case "$JOB_COMPLETION_INDEX" in' in command
     pod0 = next(line for line in command.splitlines() if line.startswith("  0)"))
-    assert pod0.count("torch.distributed.run") == 2 and "--node-rank=0" in pod0 and "--node-rank=2" in pod0
+    assert pod0.count("infra.zygote") == 2 and "--agent=0" in pod0 and "--agent=2" in pod0
     command = command.replace("probe-0.probe", "127.0.0.1")  # the headless Service's name, here
     env = base_env() | {"PYTHONPATH": str(REPO)}
     pods = [subprocess.Popen(["bash", "-c", command],

@@ -1,4 +1,4 @@
-"""The `netns` provider: real namespaces, bridge, tbf-shaped veth links, torchrun across them.
+"""The `netns` provider: real namespaces, bridge, tbf-shaped veth links, ranks across them.
 
 Needs root (skipped otherwise). Links are shaped to 100 Mbit/s so this 2-core host, not the
 CPU, is never what limits the measured bandwidth.
@@ -225,7 +225,7 @@ def train_values(**options) -> dict:
     ("algorithm", "comm", "workers", "servers", "nodes", "placement", "node_of_rank"),
     [
         ("ssgd", "allreduce", 2, 0, 2, "colocated", [0, 1]),
-        ("ssgd", "ps", 2, 2, 2, "colocated", [0, 1, 0, 1]),  # node0: w0 s2, node1: w1 s3 (3 torchrun agents)
+        ("ssgd", "ps", 2, 2, 2, "colocated", [0, 1, 0, 1]),  # node0: w0 s2, node1: w1 s3 (3 agents)
         ("asgd", "ps", 1, 1, 2, "dedicated", [0, 1]),
         ("odsgd", "ps", 2, 1, 3, "dedicated", [0, 1, 2]),
     ],

@@ -91,9 +91,8 @@ def test_batch_script_carries_every_request(tmp_path):
         for word in (
             "--nodes=1 --ntasks=1 --overlap --gres=gpu:4",
             f'--nodelist="${{DDLBENCH_NODES[{node}]}}"',
-            "--nproc-per-node=4",
-            "--nnodes=2",
-            f"--node-rank={node}",
+            "-m infra.zygote --nprocs=4,4",
+            f"--agent={node}",
             '--master-addr="$DDLBENCH_MASTER_ADDR"',
             "-m training.run",
         ):
@@ -118,18 +117,21 @@ def test_batch_script_of_a_non_uniform_placement(tmp_path):
     def option(words: list[str], name: str) -> str | None:
         return next((w.split("=", 1)[1] for w in words if w.startswith(f"--{name}=")), None)
 
-    got = [tuple(option(w, name) for name in ("nodelist", "gres", "node-rank", "nproc-per-node")) for w in sruns]
+    got = [tuple(option(w, name) for name in ("nodelist", "gres", "agent")) for w in sruns]
     assert got == [
-        ("${DDLBENCH_NODES[0]}", "gpu:1", "0", "1"),  # node0's worker: rank 0, its GPU
-        ("${DDLBENCH_NODES[1]}", "gpu:1", "1", "1"),  # node1's worker: rank 1
-        ("${DDLBENCH_NODES[0]}", None, "2", "1"),  # the shard beside node0's worker: no GPU
+        ("${DDLBENCH_NODES[0]}", "gpu:1", "0"),  # node0's worker: rank 0, its GPU
+        ("${DDLBENCH_NODES[1]}", "gpu:1", "1"),  # node1's worker: rank 1
+        ("${DDLBENCH_NODES[0]}", None, "2"),  # the shard beside node0's worker: no GPU
     ]
-    assert all("--nnodes=3" in w for w in sruns)
+    assert all(option(w, "nprocs") == "1,1,1" for w in sruns)
     assert lines[-1] == 'exit "$status"' and "for _ in 0 1 2; do" in lines
     # 4 workers on 2 nodes with 3 GPUs each: devices_per_node follows gpus_per_node (3 + 1)
     wide = SlurmProvider(nodes=2, gpus_per_node=3).batch_script(Job("training.run", [], 4, log_path=Path("x")))
     assert re.findall(r"--gres=gpu:(\d+)", wide) == ["3", "1"]
-    assert re.findall(r"--nproc-per-node=(\d+)", wide) == ["3", "1"]
+    assert re.findall(r"--nprocs=(\S+)", wide) == ["3,1", "3,1"]
+    restarting = SlurmProvider(nodes=2, gpus_per_node=3).batch_script(
+        Job("training.run", [], 4, log_path=Path("x"), max_restarts=1))
+    assert re.findall(r"--nproc-per-node=(\d+)", restarting) == ["3", "1"]  # torchrun's: each agent's own
 
 
 def test_option_errors():

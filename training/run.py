@@ -1,4 +1,4 @@
-"""Entry point of every rank started by torchrun: `python -m training.run OUT_DIR`.
+"""Entry point of every rank a job's agent starts: `python -m training.run OUT_DIR`.
 
 Ranks 0..N-1 are workers, ranks N..N+S-1 parameter-server shards. The job's
 config is `OUT_DIR/config.json`, written (and validated) by the launcher.
@@ -12,10 +12,10 @@ import time
 
 _STARTED_AT = time.time()  # this rank's module starts: its start-up's parts count from here
 
-if __name__ == "__main__":  # a rank: end with its torchrun agent, set before the seconds of importing torch
-    from infra.lifeline import die_with_torchrun
+if __name__ == "__main__":  # a rank: end with its agent, set before the seconds of importing torch
+    from infra.lifeline import die_with_agent
 
-    die_with_torchrun()
+    die_with_agent()
 
 import json
 import os
@@ -50,7 +50,7 @@ def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, Any, torch.device]:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
-        raise RuntimeError(f"torchrun started {world} ranks but the config needs {cfg.world_size}")
+        raise RuntimeError(f"the launcher started {world} ranks but the config needs {cfg.world_size}")
     torch.set_num_threads(cfg.threads)
     timeout = timedelta(seconds=cfg.timeout_s)
     device = torch.device("cpu")
@@ -59,7 +59,7 @@ def _setup(cfg: TrainConfig) -> tuple[int, Any, Any, Any, torch.device]:
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     backend = "cpu:gloo,cuda:nccl" if cfg.device.value == "cuda" else "gloo"
-    # torchrun's store outlives a restart: a per-attempt prefix keeps a restarted
+    # The agent's store outlives a restart: a per-attempt prefix keeps a restarted
     # job from reading the addresses of the ranks it replaced.
     store, _, _ = next(rendezvous("env://", timeout=timeout))
     store = dist.PrefixStore(f"ddlbench/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
@@ -256,7 +256,7 @@ def _write_outputs(cfg: TrainConfig, out: Path, steps: int, results: list[dict[s
 @record
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m training.run OUT_DIR (started by torchrun)", file=sys.stderr)
+        print("usage: python -m training.run OUT_DIR (started by a job's agent)", file=sys.stderr)
         return 2
     return run(Path(sys.argv[1]))
 

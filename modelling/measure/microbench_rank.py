@@ -1,4 +1,4 @@
-"""Entry point of every microbenchmark rank started by torchrun:
+"""Entry point of every microbenchmark rank a job's agent starts:
 `python -m modelling.measure.microbench_rank OUT_DIR`.
 
 Reads OUT_DIR/microbench.json (workers, servers, sizes, repeats, timeout_s),
@@ -16,10 +16,10 @@ With device cuda the allreduce runs on GPU tensors (modelling/measure/microbench
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # a rank: end with its torchrun agent, set before the seconds of importing torch
-    from infra.lifeline import die_with_torchrun
+if __name__ == "__main__":  # a rank: end with its agent, set before the seconds of importing torch
+    from infra.lifeline import die_with_agent
 
-    die_with_torchrun()
+    die_with_agent()
 
 import json
 import math
@@ -294,7 +294,7 @@ def _environment(world: int) -> dict[str, Any]:
 @record
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m modelling.measure.microbench_rank OUT_DIR (started by torchrun)", file=sys.stderr)
+        print("usage: python -m modelling.measure.microbench_rank OUT_DIR (started by a job's agent)", file=sys.stderr)
         return 2
     return run(Path(sys.argv[1]))
 

@@ -1,21 +1,21 @@
-"""Entry point of every profiling rank started by torchrun:
+"""Entry point of every profiling rank a job's agent starts:
 `python -m modelling.measure.profile_rank OUT_DIR`.
 
 Reads OUT_DIR/profile-job.json, written by `modelling.measure.profiler.profile_layers`.
 Every rank builds the model and its data, then all meet at a barrier. Rank 0
 measures the layer table and writes OUT_DIR/profile-result.json; ranks 1..P-1
 run the same training iterations as contenders until rank 0 tells them it is
-done (a key in torchrun's store, polled between iterations), so the CPU or device is
+done (a key in the job's store, polled between iterations), so the CPU or device is
 shared as in a P-process training run. A rank that fails writes
 OUT_DIR/failure-rank<R>.txt saying what it was doing.
 """
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # a rank: end with its torchrun agent, set before the seconds of importing torch
-    from infra.lifeline import die_with_torchrun
+if __name__ == "__main__":  # a rank: end with its agent, set before the seconds of importing torch
+    from infra.lifeline import die_with_agent
 
-    die_with_torchrun()
+    die_with_agent()
 
 import json
 import os
@@ -31,7 +31,7 @@ from torch.distributed.rendezvous import rendezvous
 from modelling.measure.profiler import PROFILE_JOB, PROFILE_RESULT, build_profiled, profile_table, timed_iteration
 from training.measure.device_timer import timer_for
 
-_DONE = "ddlbench/profile-done"  # set in torchrun's store by rank 0 when it has measured
+_DONE = "ddlbench/profile-done"  # set in the job's store by rank 0 when it has measured
 
 
 def _device(name: str) -> torch.device:
@@ -50,7 +50,7 @@ def run(out: Path) -> int:
     doing = "starting"
     try:
         if world != job["processes"]:
-            raise RuntimeError(f"torchrun started {world} ranks but the profile needs {job['processes']}")
+            raise RuntimeError(f"the launcher started {world} ranks but the profile needs {job['processes']}")
         timeout = timedelta(seconds=job["timeout_s"])
         store, _, _ = next(rendezvous("env://", timeout=timeout))
         dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world, timeout=timeout)
@@ -88,7 +88,7 @@ def run(out: Path) -> int:
 @record
 def main() -> int:
     if len(sys.argv) != 2:
-        print("usage: python -m modelling.measure.profile_rank OUT_DIR (started by torchrun)", file=sys.stderr)
+        print("usage: python -m modelling.measure.profile_rank OUT_DIR (started by a job's agent)", file=sys.stderr)
         return 2
     return run(Path(sys.argv[1]))
 

@@ -14,7 +14,7 @@ the current stream, read after one synchronize per iteration, as the in-situ
 sampling's are (training/measure/device_timer.py): a host clock would time kernel launches.
 
 The profile runs as a job through a cluster provider, in fresh processes that
-torchrun starts (modelling/measure/profile_rank.py), as training does (DESIGN §1): never
+a job's agent starts (modelling/measure/profile_rank.py), as training does (DESIGN §1): never
 in the caller's process or its `multiprocessing` children, so it measures the
 node training runs on, and works inside an Airflow task. `processes = P` starts
 P ranks: rank 0 measures while ranks 1..P-1 run the same iterations as

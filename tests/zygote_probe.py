@@ -1,0 +1,31 @@
+"""A job for the launcher's tests (`python -m tests.zygote_probe DIR ACTION...`): rank r does
+ACTION r (`ok`, `exit:N`, `raise`, `sleep`, `stop`, `ignore-term`), after writing what it saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":
+    out, actions = Path(sys.argv[1]), sys.argv[2:]
+    rank = int(os.environ["RANK"])
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
+    seen = {k: os.environ.get(k) for k in keys} | {"warm": "torch._dynamo" in sys.modules, "pid": os.getpid(),
+                                                    "argv": sys.argv[1:]}
+    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    action = actions[rank]
+    if action.startswith("exit:"):
+        time.sleep(0.3)  # the others are running when this one fails
+        sys.exit(int(action[5:]))
+    if action == "raise":
+        raise RuntimeError(f"rank {rank} raised")
+    if action == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if action != "ok":
+        time.sleep(600)
