@@ -13,7 +13,7 @@ beyond hosting the store).
 Agent 0's launcher hosts the job's TCPStore (at the master port, or a free one on one host), as
 torchrun's agent does, and every rank joins it as a client (TORCHELASTIC_USE_AGENT_STORE), so a
 rank that dies takes no store with it. The ranks see torchrun's environment (RANK, LOCAL_RANK,
-WORLD_SIZE, GROUP_RANK, MASTER_ADDR, ...).
+WORLD_SIZE, GROUP_RANK, MASTER_ADDR, ...) and are named `rank-N` (ps, top, psutil's name()).
 
 When a rank fails, the launcher says so in torchrun's words ("failed (exitcode: ...)", "closing
 signal SIGTERM"), stops the others (SIGTERM, SIGKILL after a grace: a stopped rank never acts on
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ctypes
 import importlib
 import os
 import runpy
@@ -44,6 +45,7 @@ from infra.lifeline import die_with_parent
 
 STOP_GRACE_S = 2.0  # a failed job's other ranks' time to act on SIGTERM (infra/base.py waits 3 s)
 POLL_S = 0.05
+_PR_SET_NAME = 15
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,13 @@ def _exit_code(err: SystemExit) -> int:
     return 1
 
 
+def _name(name: str) -> None:
+    """Name this process (its `comm`, what ps and top show): a fork keeps its launcher's command
+    line and, in /proc/PID/environ, its launcher's environment, so the name tells ranks apart."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
 def _rank(module: str, args: list[str], env: dict[str, str], port_fd: int, launcher: int) -> None:
     """A forked rank: wait for the store's port, then run the module; never returns."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -146,6 +155,7 @@ def _rank(module: str, args: list[str], env: dict[str, str], port_fd: int, launc
     if not port:  # the launcher died before its store was up
         os._exit(1)
     os.environ.update(env, MASTER_PORT=port)
+    _name(f"rank-{env['RANK']}")
     sys.argv = [module, *args]
     sys.modules.pop(module, None)  # run afresh as __main__, as `python -m` does (its imports are warm)
     try:

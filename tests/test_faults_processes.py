@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.trainjobs import processes_under, rank_process
+from tests.trainjobs import is_rank, processes_under, rank_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -110,7 +110,7 @@ def test_a_profiling_rank_that_dies_fails_the_profile_at_once_naming_it(tmp_path
             for p in psutil.process_iter(["cmdline"]):
                 try:
                     cmd = p.info["cmdline"] or []
-                    if "modelling.measure.profile_rank" in cmd and str(out) in cmd and p.environ().get("RANK") == "1":
+                    if "modelling.measure.profile_rank" in cmd and str(out) in cmd and is_rank(p, 1):
                         if (out / "profile-job.json").exists():
                             time.sleep(3)  # let it reach its iterations
                             killed.append(time.monotonic())

@@ -59,12 +59,17 @@ def rank_process(out: Path, rank: int, timeout_s: float = 120) -> psutil.Process
         for p in psutil.process_iter(["cmdline"]):
             try:
                 cmd = p.info["cmdline"] or []
-                if "training.run" in cmd and str(out) in cmd and p.environ().get("RANK") == str(rank):
+                if "training.run" in cmd and str(out) in cmd and is_rank(p, rank):
                     return p
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} never started")
+
+
+def is_rank(p: psutil.Process, rank: int) -> bool:
+    """Whether `p` is that rank: a forked one by its name (infra/zygote.py), torchrun's by its environment."""
+    return p.name() == f"rank-{rank}" or p.environ().get("RANK") == str(rank)
 
 
 def processes_under(path: Path) -> list[str]:
