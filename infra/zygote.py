@@ -93,9 +93,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--agent", type=int, default=0, help="this agent's index in --nprocs")
     p.add_argument("--master-addr", default="127.0.0.1", help="agent 0's address (its launcher hosts the store)")
     p.add_argument("--master-port", type=int, default=0, help="the store's port; 0: a free one (one agent only)")
-    p.add_argument("-m", dest="module", required=True, help="the ranks' module, run as __main__")
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    args = p.parse_args(argv)
+    p.add_argument("-m", dest="module", required=True, help="the ranks' module, run as __main__; its arguments follow")
+    # Everything after `-m MODULE` is the module's, options included, as with `python -m`.
+    at = argv.index("-m") + 2 if "-m" in argv else len(argv)
+    args = p.parse_args(argv[:at])
+    args.args = argv[at:]
     if not 0 <= args.agent < len(args.nprocs):
         p.error(f"--agent: {args.agent} is not an index of --nprocs ({len(args.nprocs)} agents)")
     if args.master_port == 0 and len(args.nprocs) > 1:

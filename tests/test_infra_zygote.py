@@ -60,14 +60,14 @@ def _seen(out: Path, rank: int) -> dict:
 @pytest.mark.slow  # launchers that import torch
 def test_two_agents_start_one_world_that_meets_in_agent_zeros_store(tmp_path: Path) -> None:
     port = free_port()
-    jobs = [_job(tmp_path, ["ok"] * 3, [2, 1], a, port) for a in (1, 0)]  # agent 1 first: it waits
+    jobs = [_job(tmp_path, ["ok", "ok", "ok", "--ok"], [2, 1], a, port) for a in (1, 0)]  # agent 1 first: it waits
     outputs = [j.communicate(timeout=120)[0] for j in jobs]
     assert [j.returncode for j in jobs] == [0, 0], outputs
     seen = [_seen(tmp_path, r) for r in range(3)]
     assert [(s["RANK"], s["LOCAL_RANK"], s["GROUP_RANK"]) for s in seen] == [("0", "0", "0"), ("1", "1", "0"),
                                                                              ("2", "0", "1")]
     assert {s["MASTER_PORT"] for s in seen} == {str(port)} and all(s["warm"] for s in seen)
-    assert all(s["argv"] == [str(tmp_path), "ok", "ok", "ok"] for s in seen)
+    assert all(s["argv"] == [str(tmp_path), "ok", "ok", "ok", "--ok"] for s in seen)  # an option is the module's
 
 
 @pytest.mark.slow
