@@ -5,9 +5,9 @@ provider and, as root, on a 2-node netns cluster, and prints where their seconds
 as the median over repeats with its range:
 - the command's wall time, and the launch to the first step (`startup.to_training_s`) against
   the goal of 3 s on the local provider;
-- the parts (summary.json `startup.parts_s`): `launch` (the provider, torchrun's agent and the
-  interpreter, until a rank's module starts), `imports`, `process_group`, `set_up` (model, data,
-  optimizer), `canary`; and `teardown_s` (from the outputs written to the job's end).
+- the parts (summary.json `startup.parts_s`): `launch` (the provider, the agent's interpreter
+  and its imports, until a rank's module starts), `imports`, `process_group`, `set_up` (model,
+  data, optimizer), `canary`; and `teardown_s` (from the outputs written to the job's end).
 `--source DIR` runs another checkout's code (an older commit's worktree) for a before/after of
 the command's wall time; a checkout without start-up figures prints the wall time alone.
 Run one benchmark at a time; a figure from a loaded host says so (the 1-minute load average).

@@ -152,12 +152,12 @@ def _rank(module: str, args: list[str], env: dict[str, str], port_fd: int, launc
     """A forked rank: wait for the store's port, then run the module; never returns."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     die_with_parent(launcher)
+    _name(f"rank-{env['RANK']}")
     port = os.read(port_fd, 32).decode().strip()
     os.close(port_fd)
     if not port:  # the launcher died before its store was up
         os._exit(1)
     os.environ.update(env, MASTER_PORT=port)
-    _name(f"rank-{env['RANK']}")
     sys.argv = [module, *args]
     sys.modules.pop(module, None)  # run afresh as __main__, as `python -m` does (its imports are warm)
     try:

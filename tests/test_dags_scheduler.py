@@ -200,6 +200,14 @@ def test_a_training_task_killed_by_its_execution_timeout_fails_the_run_and_leave
     assert any(p.stat().st_size > 0 for p in log)  # the job had started before the kill
 
 
+def _forked_by_an_agent(p: psutil.Process) -> bool:
+    try:
+        parent = p.parent()
+        return parent is not None and "infra.zygote" in " ".join(parent.cmdline())
+    except psutil.Error:
+        return True  # gone: no agent of a live job
+
+
 @pytest.mark.faults
 @pytest.mark.timeout(900)
 def test_sigkill_of_a_task_process_running_train_leaves_no_process_and_no_running_mlflow_run(
@@ -217,7 +225,8 @@ def test_sigkill_of_a_task_process_running_train_leaves_no_process_and_no_runnin
     while agent is None and time.monotonic() < deadline:
         for p in psutil.process_iter(["cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "infra.zygote" in cmd and str(home) in cmd:
+            # the agent, not one of its forked ranks (which keep its command line)
+            if "infra.zygote" in cmd and str(home) in cmd and not _forked_by_an_agent(p):
                 agent = p
         time.sleep(0.5)
     assert agent is not None, "the training job never started"
