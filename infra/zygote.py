@@ -213,6 +213,10 @@ class Ranks:
             self.pids[pid] = local
         return writers
 
+    def describe(self) -> str:
+        """Each rank's number and pid, for the job's log: `0 (pid 123), 1 (pid 124)`."""
+        return ", ".join(f"{self.world.first + local} (pid {pid})" for pid, local in self.pids.items())
+
     def _reap(self, block: bool) -> bool:
         """Collect exited ranks; True if one was collected."""
         try:
@@ -296,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             except OSError:
                 pass
             os.close(w)
+    print(f"[infra.zygote] agent {world.agent}: ranks {ranks.describe()} of {world.size} started, "
+          f"the store at {args.master_addr}:{port}", flush=True)
     return ranks.watch()
 
 

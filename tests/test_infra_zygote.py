@@ -68,6 +68,9 @@ def test_two_agents_start_one_world_that_meets_in_agent_zeros_store(tmp_path: Pa
                                                                              ("2", "0", "1")]
     assert {s["MASTER_PORT"] for s in seen} == {str(port)} and all(s["warm"] for s in seen)
     assert all(s["argv"] == [str(tmp_path), "ok", "ok", "ok", "--ok"] for s in seen)  # an option is the module's
+    pids = [s["pid"] for s in seen]  # each agent's log names its ranks and their processes
+    assert f"agent 0: ranks 0 (pid {pids[0]}), 1 (pid {pids[1]}) of 3 started" in outputs[1]
+    assert f"agent 1: ranks 2 (pid {pids[2]}) of 3 started" in outputs[0]
 
 
 @pytest.mark.slow
