@@ -306,4 +306,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Its ranks are reaped and its store has served them: the interpreter's teardown of torch and
+    # its compiler stack (most of a second) would only delay the job's end.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
