@@ -86,8 +86,9 @@ class JobResult:
 
 
 def failed_ranks_from_log(text: str) -> list[dict]:
-    """torchrun's failure summary names each failed rank and its exit code; without
-    it (the job was ended early), its agent's 'failed (exitcode ...)' lines do.
+    """The failure summary (torchrun's, or infra/zygote.py's in its format) names each failed
+    rank and its exit code; without it (the job was ended early), the agent's 'failed
+    (exitcode ...)' lines do.
 
     Every failed rank is listed, the ones the agent stopped (SIGTERM) last: torchrun's
     "root cause" is the earliest timestamp, and a rank that raised on a dead peer's
@@ -97,7 +98,9 @@ def failed_ranks_from_log(text: str) -> list[dict]:
     section = text[marker:] if marker >= 0 else ""
     found = [(int(m.group(1)), int(m.group(2))) for m in
              re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\)\s*\n\s*exitcode\s*:\s*(-?\d+)", section)]
-    if not found:  # the agent's lines give local ranks: the global ones only on one node
+    if not found:  # infra/zygote.py's own lines name global ranks
+        found = [(int(m.group(1)), int(m.group(2))) for m in _FORKED_RANK_FAILED.finditer(text)]
+    if not found:  # torchrun's agent's lines give local ranks: the global ones only on one node
         found = [(int(m.group(2)), int(m.group(1))) for m in _RANK_FAILED.finditer(text)]
     first: dict[int, int] = {}
     for rank, code in found:
@@ -162,6 +165,8 @@ def launch_shell(nprocs: Sequence[int], module: str, args: list[str], agent: str
     return " ".join(words + [shlex.quote(a) for a in ["-m", module, *args]])
 
 
+# infra/zygote.py, when a rank dies: "[infra.zygote] rank 3 failed (exitcode: -9) local_rank: 1 ..."
+_FORKED_RANK_FAILED = re.compile(r"\[infra\.zygote\] rank (\d+) failed \(exitcode: (-?\d+)\)")
 # torchrun's agent, when a rank dies: "... failed (exitcode: -9) local_rank: 1 (pid: 123) of binary ..."
 _RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 # The agent's first words when a rank has failed: it is stopping the others.

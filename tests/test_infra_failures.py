@@ -53,3 +53,12 @@ def test_without_a_summary_the_agent_lines_name_the_ranks() -> None:
     text = "E1130 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 7) of binary: python\n"
     assert failed_ranks_from_log(text) == [{"rank": 1, "exitcode": 1}]
     assert failed_ranks_from_log("nothing failed here") == []
+
+
+def test_without_a_summary_a_forked_agents_lines_name_the_global_ranks() -> None:
+    """Agent 1 of a job whose agent 0 has 2 ranks, ended before its summary: its rank 3 is local 1."""
+    text = ("[infra.zygote] rank 3 failed (exitcode: 7) local_rank: 1 (pid: 9) of module training.run\n"
+            "[infra.zygote] closing signal SIGTERM to ranks of pids [8]\n"
+            "[infra.zygote] rank 2 failed (exitcode: -15) local_rank: 0 (pid: 8) of module training.run (SIGTERM)\n")
+    assert failed_ranks_from_log(text) == [{"rank": 3, "exitcode": 7},
+                                           {"rank": 2, "exitcode": -15, "signal": "SIGTERM"}]

@@ -86,6 +86,8 @@ def test_a_failed_rank_stops_the_others_and_the_summary_names_every_rank(
     out, _ = job.communicate(timeout=120)
     assert job.returncode == 1, out
     assert [(f["rank"], f["exitcode"]) for f in failed_ranks_from_log(out)] == failed, out
+    before_summary = out[:out.index("Failures:")]  # a job ended before the summary: the agent's lines
+    assert [(f["rank"], f["exitcode"]) for f in failed_ranks_from_log(before_summary)] == failed, out
     assert "closing signal SIGTERM" in out  # infra/base.py's cue that the job is failing
     assert all(not psutil.pid_exists(_seen(tmp_path, r)["pid"]) for r in range(len(actions)))
 
