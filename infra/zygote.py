@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import ctypes
 import importlib
 import os
 import runpy
@@ -41,11 +40,10 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from infra.lifeline import die_with_parent
+from infra.lifeline import die_with_parent, name_this_process
 
 STOP_GRACE_S = 2.0  # a failed job's other ranks' time to act on SIGTERM (infra/base.py waits 3 s)
 POLL_S = 0.05
-_PR_SET_NAME = 15
 
 
 @dataclass(frozen=True)
@@ -141,18 +139,13 @@ def _exit_code(err: SystemExit) -> int:
     return 1
 
 
-def _name(name: str) -> None:
-    """Name this process (its `comm`, what ps and top show): a fork keeps its launcher's command
-    line and, in /proc/PID/environ, its launcher's environment, so the name tells ranks apart."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-
-
 def _rank(module: str, args: list[str], env: dict[str, str], port_fd: int, launcher: int) -> None:
     """A forked rank: wait for the store's port, then run the module; never returns."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     die_with_parent(launcher)
-    _name(f"rank-{env['RANK']}")
+    # A fork keeps its agent's command line and, in /proc/PID/environ, its environment: the
+    # name is what tells ranks apart (ps, top, psutil's name()).
+    name_this_process(f"rank-{env['RANK']}")
     port = os.read(port_fd, 32).decode().strip()
     os.close(port_fd)
     if not port:  # the launcher died before its store was up
