@@ -119,15 +119,17 @@ def failed_ranks_from_log(text: str) -> list[dict]:
 
 
 def launch_argv(nprocs: Sequence[int], agent: int = 0, master_addr: str | None = None,
-                master_port: int | None = None, *, max_restarts: int = 0) -> list[str]:
+                master_port: int | None = None, *, max_restarts: int = 0, warm: str | None = None) -> list[str]:
     """The launcher part of one agent's command line (the module and its arguments follow).
 
     `nprocs` is every agent's rank count in rank order, `agent` this one's index. A job without
     restarts is forked from one warm interpreter per agent (infra/zygote.py); one with restarts
-    runs under torchrun, whose elastic agents restart every agent's ranks together."""
+    runs under torchrun, whose elastic agents restart every agent's ranks together. `warm`: a
+    warm server's socket (infra/warm.py) to fork the agent from, where it can."""
     if max_restarts:
         return _torchrun_argv(nprocs[agent], len(nprocs), agent, master_addr, master_port, max_restarts)
-    argv = [sys.executable, "-m", "infra.zygote", f"--nprocs={','.join(str(n) for n in nprocs)}", f"--agent={agent}"]
+    argv = [sys.executable, "-m", "infra.zygote", *([f"--warm={warm}"] if warm else []),
+            f"--nprocs={','.join(str(n) for n in nprocs)}", f"--agent={agent}"]
     if master_addr is not None:
         argv.append(f"--master-addr={master_addr}")
     if master_port is not None:
@@ -297,6 +299,8 @@ class Provider(ABC):
     nodes: int = 1
     options_model: ClassVar[type[ProviderOptions]]  # its options, built from keyword arguments
     options: ProviderOptions
+    # Its agents run on this host, where a warm server can fork them (infra/warm.py).
+    forks_warm: bool = False
 
     @abstractmethod
     def provision(self) -> list[Node]: ...
@@ -351,6 +355,14 @@ class Provider(ABC):
         returns its nodes without creating anything, `run()` runs on it, `teardown()` releases it."""
         if handle:
             raise ProviderError(f"{self.name}: cannot adopt a cluster handle ({sorted(handle)})")
+
+    def warm_socket(self, job: Job, node: str, env: dict[str, str], prefix: list[str] | None = None) -> str | None:
+        """The warm server's socket for a job's agent on `node` (`--warm=`, infra/warm.py); None:
+        cold (outside `infra.warm.agents()`, or a job with restarts, which torchrun runs)."""
+        # Imported here: infra.warm imports infra.lifeline, which `python -m infra.lifeline` runs.
+        from infra.warm import socket_for
+
+        return None if job.max_restarts or not self.forks_warm else socket_for(node, env, prefix)
 
     def __enter__(self) -> Provider:
         try:

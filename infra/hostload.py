@@ -1,9 +1,11 @@
 """How much of this host's CPU other work used while a job ran (DESIGN §4: a figure from a
 loaded machine says so).
 
-All busy CPU time of the host (/proc/stat) less the CPU time of this process and of the
-descendants it waited for (getrusage: a job's torchrun agents and ranks, once reaped), over the
-host's capacity (cores x wall time). Meaningful where a job's processes are this process's
+All busy CPU time of the host (/proc/stat) less the CPU time of this process and of its
+descendants, over the host's capacity (cores x wall time). A descendant's time is in this
+process's getrusage once waited for (a job's launcher and, through it, its ranks); a live one's
+(a warm server, infra/warm.py, which reaps the agents it forked) is its own and its reaped
+children's, from /proc. Meaningful where a job's processes are this process's
 descendants (the local and netns providers); a SLURM or Kubernetes job's ranks are another
 daemon's children, so those providers record nothing.
 """
@@ -15,6 +17,8 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 QUIET = 0.10  # other work under 10% of the host's CPU: a quiet measurement
 
@@ -30,11 +34,19 @@ def _busy_s() -> float | None:
 
 
 def _own_s() -> float:
-    return sum(
+    reaped = sum(
         getattr(resource.getrusage(who), part)
         for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
         for part in ("ru_utime", "ru_stime")
     )
+    live = 0.0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue  # gone between the listing and the read: its time is its parent's now
+        live += t.user + t.system + t.children_user + t.children_system
+    return reaped + live
 
 
 @dataclass

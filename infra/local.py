@@ -17,6 +17,7 @@ class LocalProvider(Provider):
     name = "local"
     measures_host_load = True
     one_host = True
+    forks_warm = True
     options_model = LocalOptions
 
     def __init__(self, **options: Any) -> None:
@@ -28,8 +29,9 @@ class LocalProvider(Provider):
 
     def run(self, job: Job, echo: bool = True) -> JobResult:
         self.place_job(job)  # one node: every rank here, workers first
-        argv = launch_argv([job.world_size], max_restarts=job.max_restarts) + ["-m", job.module, *job.args]
         env = base_env(self.threads) | job.env
+        argv = launch_argv([job.world_size], max_restarts=job.max_restarts, warm=self.warm_socket(job, "local", env))
+        argv += ["-m", job.module, *job.args]
         return run_processes([argv], [env], job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0,
                              cancel=job.cancel)
 

@@ -186,6 +186,7 @@ class NetnsProvider(Provider):
     name = "netns"
     one_host = True
     measures_host_load = True
+    forks_warm = True
     options_model = NetnsOptions
 
     def __init__(self, **options: Any) -> None:
@@ -333,12 +334,15 @@ class NetnsProvider(Provider):
         # One launcher per agent ((role, node)), in rank order; agent 0 (node 0's workers) hosts the store.
         agents = placement.agents()
         for i, agent in enumerate(agents):
-            launcher = launch_argv([a.nproc for a in agents], i, nodes[0].address, self.master_port,
-                                   max_restarts=job.max_restarts)
             n = agent.node
-            argvs.append(["ip", "netns", "exec", self.ns_name(n), *launcher, "-m", job.module, *job.args])
             ifname = {"GLOO_SOCKET_IFNAME": self.ifname(n), "NCCL_SOCKET_IFNAME": self.ifname(n)}
-            envs.append(base_env(self.threads) | job.env | ifname)
+            env = base_env(self.threads) | job.env | ifname
+            inside = ["ip", "netns", "exec", self.ns_name(n)]
+            launcher = launch_argv([a.nproc for a in agents], i, nodes[0].address, self.master_port,
+                                   max_restarts=job.max_restarts,
+                                   warm=self.warm_socket(job, self.ns_name(n), env, inside))
+            argvs.append([*inside, *launcher, "-m", job.module, *job.args])
+            envs.append(env)
         return run_processes(argvs, envs, job.log_path, job.timeout_s, echo, fail_fast=job.max_restarts == 0,
                              cancel=job.cancel)
 

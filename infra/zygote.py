@@ -40,6 +40,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from infra import warm
 from infra.lifeline import die_with_parent, name_this_process
 
 STOP_GRACE_S = 2.0  # a failed job's other ranks' time to act on SIGTERM (infra/base.py waits 3 s)
@@ -103,13 +104,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _preload(module: str) -> None:
+def _preload(module: str | None) -> None:
     """Import what every rank imports, once. A module that cannot be imported here is left to
     the ranks, which then fail on it with their own traceback."""
     import torch._dynamo  # noqa: F401  (an optimizer's construction imports it: 1.5 s a rank)
     import torch.distributed  # noqa: F401  (every rank's process group)
     import torch.distributed.rendezvous  # noqa: F401
 
+    if module is None:
+        return
     try:
         importlib.import_module(module)
     except BaseException:  # noqa: BLE001  (the rank reports it, as its own failure)
@@ -298,8 +301,21 @@ def main(argv: list[str] | None = None) -> int:
     return ranks.watch()
 
 
+def _launch(argv: list[str]) -> int:
+    """`--serve SOCKET`: a warm server (infra/warm.py); `--warm=SOCKET ...`: this job's agent
+    forked by that server where it can, else (and without it) the agent itself."""
+    if argv[:1] == ["--serve"] and len(argv) == 2:
+        return warm.serve(argv[1], _preload, main)
+    if argv[:1] and argv[0].startswith("--warm="):
+        path, argv = argv[0].removeprefix("--warm="), argv[1:]
+        code = warm.run_warm(path, argv)
+        if code is not None:
+            warm.exit_as(code)
+    return main(argv)
+
+
 if __name__ == "__main__":
-    code = main()
+    code = _launch(sys.argv[1:])
     # Its ranks are reaped and its store has served them: the interpreter's teardown of torch and
     # its compiler stack (most of a second) would only delay the job's end.
     sys.stdout.flush()

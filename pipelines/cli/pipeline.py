@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
+from infra.warm import agents as warm_agents
 from pipelines import steps
 from pipelines.cli.compare import compare
 from pipelines.disk import disk_full
@@ -99,14 +100,17 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
             return trained
 
         try:
-            for stage in (s for s in stages if not s.always and s.runs_in(ctx.suite)):
-                args = [results[n] for n in stage.needs]
-                if stage.mapped:
-                    train_grid(stage, *args)
-                    continue
-                task = progress.add_task(stage.name, total=1)
-                results[stage.name] = stage.run(ctx, *args)
-                progress.update(task, completed=1)
+            # One warm agent per node for every job of the run (infra/warm.py), stopped before
+            # the teardown.
+            with warm_agents():
+                for stage in (s for s in stages if not s.always and s.runs_in(ctx.suite)):
+                    args = [results[n] for n in stage.needs]
+                    if stage.mapped:
+                        train_grid(stage, *args)
+                        continue
+                    task = progress.add_task(stage.name, total=1)
+                    results[stage.name] = stage.run(ctx, *args)
+                    progress.update(task, completed=1)
         except Exception as err:  # noqa: BLE001 - reported, then the run ends FAILED
             failed = True
             _report(console, err, results)

@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from infra.warm import agents as warm_agents
 from modelling.measure.layers import load_layers, pool_layers, write_layers
 from modelling.measure.microbench import run_microbench
 from modelling.measure.profiler import profile_layers
@@ -84,7 +85,7 @@ def microbench(ctx: RunContext) -> dict:
             return {"comm": [], "skipped": True}
         mb = spec.microbench
         paths = []
-        with cluster(ctx) as p:
+        with cluster(ctx) as p, warm_agents():  # several jobs: one warm agent per node (infra/warm.py)
             firsts = [_profile_round(ctx, spec, wl, b, 0, p) for wl in spec.workloads for b in spec.batch_sizes]
             gap = mb.gap_s if mb.gap_s is not None else statistics.median(
                 statistics.median(f["iteration_samples_s"]) for f in firsts)
@@ -123,30 +124,30 @@ def profile(ctx: RunContext) -> dict:
         if not spec.profile.enabled:
             return {"layers": {}, "skipped": True}
         out: dict[str, str] = {}
-        for wl in spec.workloads:
-            for batch in spec.batch_sizes:
-                name = workload_dir(wl, batch)
-                with cluster(ctx) as p:
+        with cluster(ctx) as p, warm_agents():  # one cluster, and one warm agent per node, for every round
+            for wl in spec.workloads:
+                for batch in spec.batch_sizes:
+                    name = workload_dir(wl, batch)
                     tables = [_profile_round(ctx, spec, wl, batch, i, p) for i in range(spec.profile.pooled)]
-                layers = pool_layers(tables)
-                path = write_layers(layers, ctx.paths.profile(name))
-                t.log_artifact(node, path, name)
-                t.log_artifact(node, path.with_name("layers.txt"), name)
-                table = columns(layers["layers"], ("name", "type", "fwd_s", "bwd_s", "param_bytes"))
-                t.log_table(node, table, f"{name}/layers_table.json")
-                rounds = [sum(r["fwd_s"] + r["bwd_s"] for r in x["layers"]) for x in tables]
-                t.log_metrics(
-                    node,
-                    {
-                        f"{name}.forward_s": sum(r["fwd_s"] for r in layers["layers"]),
-                        f"{name}.backward_s": sum(r["bwd_s"] for r in layers["layers"]),
-                        f"{name}.update_s": layers["update_s"],
-                        f"{name}.data_s": layers["data_s"],
-                        # How far the rounds' passes lie apart: the profile's own noise floor.
-                        f"{name}.rounds_spread": max(rounds) / min(rounds) - 1 if min(rounds) > 0 else None,
-                    },
-                )
-                out[name] = str(Path(path))
+                    layers = pool_layers(tables)
+                    path = write_layers(layers, ctx.paths.profile(name))
+                    t.log_artifact(node, path, name)
+                    t.log_artifact(node, path.with_name("layers.txt"), name)
+                    table = columns(layers["layers"], ("name", "type", "fwd_s", "bwd_s", "param_bytes"))
+                    t.log_table(node, table, f"{name}/layers_table.json")
+                    rounds = [sum(r["fwd_s"] + r["bwd_s"] for r in x["layers"]) for x in tables]
+                    t.log_metrics(
+                        node,
+                        {
+                            f"{name}.forward_s": sum(r["fwd_s"] for r in layers["layers"]),
+                            f"{name}.backward_s": sum(r["bwd_s"] for r in layers["layers"]),
+                            f"{name}.update_s": layers["update_s"],
+                            f"{name}.data_s": layers["data_s"],
+                            # How far the rounds' passes lie apart: the profile's own noise floor.
+                            f"{name}.rounds_spread": max(rounds) / min(rounds) - 1 if min(rounds) > 0 else None,
+                        },
+                    )
+                    out[name] = str(Path(path))
         return {"layers": out, "skipped": False}
 
     return run_once(ctx, "profile", body)
