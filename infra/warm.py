@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,6 +319,10 @@ class WarmAgents:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="ddlbench-warm-"))
         self.servers: dict[str, _Running] = {}
+        self.started = 0
+        # Servers are started from one thread that lives as long as the block: a server dies with
+        # the thread that started it (PR_SET_PDEATHSIG is a thread's), and jobs run from any.
+        self.spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm-agents")
 
     def socket_for(self, node: str, env: dict[str, str], prefix: list[str] | None = None) -> str | None:
         """The socket of `node`'s server for jobs with `env`; None where none could start (the
@@ -327,11 +332,12 @@ class WarmAgents:
             self._stop(node)
             running = None
         if running is None:
-            path = str(self.dir / f"{len(os.listdir(self.dir))}.sock")
+            self.started += 1
+            path = str(self.dir / f"{self.started}.sock")
             argv = wrap([*(prefix or []), sys.executable, "-m", "infra.zygote", "--serve", path])
             with open(self.dir / f"{Path(path).stem}.log", "ab") as log:
-                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        start_new_session=True)
+                proc = self.spawner.submit(subprocess.Popen, argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=log, start_new_session=True).result()
             running = self.servers[node] = _Running(proc, path, env)
             deadline = time.monotonic() + READY_S
             while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
@@ -352,6 +358,7 @@ class WarmAgents:
     def close(self) -> None:
         for node in list(self.servers):
             self._stop(node)
+        self.spawner.shutdown()
         for p in self.dir.iterdir():
             p.unlink(missing_ok=True)
         self.dir.rmdir()

@@ -1,5 +1,6 @@
 """A job for the launcher's tests (`python -m tests.zygote_probe DIR ACTION...`): rank r does
-ACTION r (`ok`, `exit:N`, `raise`, `sleep`, `stop`, `ignore-term`), after writing what it saw."""
+ACTION r (`ok`, `exit:N`, `raise`, `sleep`, `stop`, `ignore-term`, `burn`: 0.5 s of CPU), after
+writing what it saw."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ if __name__ == "__main__":
     rank = int(os.environ["RANK"])
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
     seen = {k: os.environ.get(k) for k in keys} | {"warm": "torch._dynamo" in sys.modules, "pid": os.getpid(),
-                                                    "argv": sys.argv[1:]}
-    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+                                                    "agent": os.getppid(), "argv": sys.argv[1:]}
     action = actions[rank]
+    if action == "burn":
+        while time.process_time() < 0.5:
+            pass
+        seen["cpu_s"] = time.process_time()
+    (out / f"rank{rank}.json").write_text(json.dumps(seen))
     if action.startswith("exit:"):
         time.sleep(0.3)  # the others are running when this one fails
         sys.exit(int(action[5:]))
@@ -27,5 +32,5 @@ if __name__ == "__main__":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if action == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
-    if action != "ok":
+    if action not in ("ok", "burn"):
         time.sleep(600)
