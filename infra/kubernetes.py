@@ -279,8 +279,7 @@ class KubernetesProvider(Provider):
         placement is one launcher per pod, its agent index the pod's; otherwise each pod starts
         its node's agents (a node's workers, and its colocated shards) in the background, each
         with its agent index, and the first to fail fails the pod."""
-        agents = placement.agents()
-        nprocs = [a.nproc for a in agents]
+        agents, nprocs = placement.agents(), placement.nprocs()
 
         def launcher(agent: str) -> str:
             return launch_shell(nprocs, job.module, job.args, agent, master, str(self.master_port),

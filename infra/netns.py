@@ -338,7 +338,7 @@ class NetnsProvider(Provider):
             ifname = {"GLOO_SOCKET_IFNAME": self.ifname(n), "NCCL_SOCKET_IFNAME": self.ifname(n)}
             env = base_env(self.threads) | job.env | ifname
             inside = ["ip", "netns", "exec", self.ns_name(n)]
-            launcher = launch_argv([a.nproc for a in agents], i, nodes[0].address, self.master_port,
+            launcher = launch_argv(placement.nprocs(), i, nodes[0].address, self.master_port,
                                    max_restarts=job.max_restarts,
                                    warm=self.warm_socket(job, self.ns_name(n), env, inside))
             argvs.append([*inside, *launcher, "-m", job.module, *job.args])

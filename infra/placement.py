@@ -72,6 +72,10 @@ class Placement:
                     out.append(Agent(node, role, len(ranks), ranks[0]))
         return out
 
+    def nprocs(self) -> list[int]:
+        """Every agent's rank count in rank order: the launcher's `--nprocs` (infra/zygote.py)."""
+        return [a.nproc for a in self.agents()]
+
     @property
     def uniform(self) -> bool:
         """One agent per node, each with the same rank count: what a scheduler that starts the

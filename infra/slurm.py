@@ -241,7 +241,8 @@ class SlurmProvider(Provider):
     def batch_script(self, job: Job) -> str:
         """The sbatch script of a job (its #SBATCH lines carry every resource request): one
         background step per torchrun agent of the job's placement, then the first failure's status."""
-        agents = self.place_job(job).agents()
+        placement = self.place_job(job)
+        agents, nprocs = placement.agents(), placement.nprocs()
         directives = [
             _job_name(job),
             *self._resources(),
@@ -262,7 +263,7 @@ class SlurmProvider(Provider):
             "# One step per torchrun agent, in rank order: --node-rank is the agent's index.",
         ]
         for i, agent in enumerate(agents):
-            launcher = launch_shell([a.nproc for a in agents], job.module, job.args, str(i),
+            launcher = launch_shell(nprocs, job.module, job.args, str(i),
                                     '"$DDLBENCH_MASTER_ADDR"', '"$DDLBENCH_MASTER_PORT"', self.python,
                                     max_restarts=job.max_restarts)
             step = " ".join(self._step_options(agent))
@@ -344,12 +345,13 @@ class SlurmProvider(Provider):
 
     def _run_steps(self, job: Job, echo: bool) -> JobResult:
         """The job as steps of the run's allocation, one `srun --jobid` per agent from here."""
-        agents = self.place_job(job).agents()
+        placement = self.place_job(job)
+        agents, nprocs = placement.agents(), placement.nprocs()
         master = self._nodes[agents[0].node].address
         port = 20000 + secrets.randbelow(20000)  # steps of one allocation may run side by side
         argvs = []
         for i, agent in enumerate(agents):
-            launcher = launch_argv([a.nproc for a in agents], i, master, port, max_restarts=job.max_restarts)
+            launcher = launch_argv(nprocs, i, master, port, max_restarts=job.max_restarts)
             argvs.append(["srun", f"--jobid={self.allocation}", *self._step_options(agent),
                           f"--nodelist={self._nodes[agent.node].name}", _job_name(job),
                           self.python, *launcher[1:], "-m", job.module, *job.args])

@@ -109,8 +109,11 @@ def exit_as(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code != signal.SIGKILL:  # the only one of these a process cannot take back
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
+        time.sleep(1)  # a signal this process blocks or ignores: leave as a shell reports it
+        os._exit(128 - code)
     os._exit(code & 0xFF)
 
 
@@ -254,7 +257,9 @@ class Server:
     def _client_gone(self, conn: socket.socket) -> None:
         agent = self.by_conn.get(conn)
         try:
-            alive = bool(conn.recv(1, socket.MSG_PEEK))
+            alive = bool(conn.recv(4096, socket.MSG_DONTWAIT))  # a client sends nothing more: dropped
+        except BlockingIOError:
+            alive = True
         except OSError:
             alive = False
         if alive or agent is None:

@@ -39,6 +39,7 @@ def test_placement_by_hand(workers, servers, nodes, policy, node_of_rank, agents
     # the agents in order number every rank once, workers 0..N-1 then shards N..N+S-1
     assert [r for a in p.agents() for r in a.ranks] == list(range(workers + servers))
     assert all((a.role == "worker") == (a.first_rank < workers) for a in p.agents())
+    assert p.nprocs() == [n for _, _, n, _ in agents]  # the launchers' --nprocs
     assert Placement.from_dict(p.as_dict()) == p
 
 

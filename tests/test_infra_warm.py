@@ -133,8 +133,10 @@ def test_a_job_whose_launcher_is_killed_dies_and_the_server_serves_on(tmp_path: 
 
 
 def test_every_agent_dies_with_its_server(tmp_path: Path) -> None:
+    """And the job reads as one whose launcher was killed: SIGKILL's status, as a cold one's."""
+    results: list[JobResult] = []
     with warm.agents(), LocalProvider() as p:
-        runner = threading.Thread(target=_run, args=(p, tmp_path, ["sleep", "stop"]), daemon=True)
+        runner = threading.Thread(target=lambda: results.append(_run(p, tmp_path, ["sleep", "stop"])), daemon=True)
         runner.start()
         _wait_for_ranks(tmp_path, 2)
         [server] = _servers()
@@ -142,6 +144,7 @@ def test_every_agent_dies_with_its_server(tmp_path: Path) -> None:
         runner.join(30)
         seen = [_seen(tmp_path, r) for r in range(2)]
         assert _gone([seen[0]["agent"], *(s["pid"] for s in seen)])
+    assert [r.returncode for r in results] == [-9]
 
 
 def test_a_server_serves_only_its_own_environment_and_none_is_cold(tmp_path: Path) -> None:
