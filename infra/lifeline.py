@@ -56,6 +56,27 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKIL
         os._exit(128 + int(sig))
 
 
+def exit_code(err: SystemExit) -> int:
+    """The status `sys.exit(x)` leaves with, as the interpreter reads x (a message: 1)."""
+    if err.code is None:
+        return 0
+    if isinstance(err.code, int):
+        return err.code
+    print(err.code, file=sys.stderr)
+    return 1
+
+
+def leave_now(code: int) -> None:
+    """Flush the standard streams and leave at once: no interpreter teardown (most of a second
+    with torch loaded), for a process whose work and children are done, or a fork's."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def die_with_agent(sig: int = signal.SIGKILL) -> None:
     """A rank's lifeline: die with the agent that started it. An agent killed while
     the rank was starting has already left it reparented to a process that is no agent (pid 1,

@@ -32,13 +32,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.lifeline import die_with_parent, wrap
+from infra.lifeline import die_with_parent, exit_code, leave_now, wrap
 
 _LENGTH = struct.Struct("!I")
 MAX_REQUEST = 1 << 20  # a command line and an environment; more is no client of ours
@@ -106,15 +107,15 @@ def run_warm(path: str, argv: list[str]) -> int | None:
 
 def exit_as(code: int) -> None:
     """Leave with `code` as a returncode reads it: minus a signal is death by that signal."""
-    sys.stdout.flush()
-    sys.stderr.flush()
     if code < 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
         if -code != signal.SIGKILL:  # the only one of these a process cannot take back
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(1)  # a signal this process blocks or ignores: leave as a shell reports it
         os._exit(128 - code)
-    os._exit(code & 0xFF)
+    leave_now(code & 0xFF)
 
 
 # --- the server: `python -m infra.zygote --serve SOCKET` ----------------------------------------
@@ -231,18 +232,11 @@ class Server:
             _retitle(argv)
             code = self.agent_main(argv)
         except SystemExit as err:
-            code = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
+            code = exit_code(err)
         except BaseException:  # noqa: BLE001  (the agent's traceback goes to the job's log)
-            import traceback
-
             traceback.print_exc()
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-            os._exit(code)
+            leave_now(code)
 
     def _reap(self, agent: _Agent) -> None:
         _, status = os.waitpid(agent.pid, 0)
@@ -301,10 +295,7 @@ def serve(path: str, preload: Callable[[str | None], None], agent_main: Callable
         pass
     finally:
         server.stop()
-    # Without the interpreter's teardown of torch (most of a second): the block's end waits on it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_now(0)  # the block's end waits on the server: not on the interpreter's teardown of torch
 
 
 # --- the provider's side -------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import traceback
 from dataclasses import dataclass
 
 from infra import warm
-from infra.lifeline import die_with_parent, name_this_process
+from infra.lifeline import die_with_parent, exit_code, leave_now, name_this_process
 
 STOP_GRACE_S = 2.0  # a failed job's other ranks' time to act on SIGTERM (infra/base.py waits 3 s)
 POLL_S = 0.05
@@ -125,21 +125,7 @@ def _leave(code: int) -> None:
         threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads, as at exit
         atexit._run_exitfuncs()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
-
-
-def _exit_code(err: SystemExit) -> int:
-    if err.code is None:
-        return 0
-    if isinstance(err.code, int):
-        return err.code
-    print(err.code, file=sys.stderr)
-    return 1
+        leave_now(code)
 
 
 def _rank(module: str, args: list[str], env: dict[str, str], port_fd: int, launcher: int) -> None:
@@ -160,7 +146,7 @@ def _rank(module: str, args: list[str], env: dict[str, str], port_fd: int, launc
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as err:
-        code = _exit_code(err)
+        code = exit_code(err)
     except BaseException:  # noqa: BLE001  (a rank's traceback, as the interpreter prints it)
         traceback.print_exc()
         code = 1
@@ -315,9 +301,6 @@ def _launch(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    code = _launch(sys.argv[1:])
     # Its ranks are reaped and its store has served them: the interpreter's teardown of torch and
-    # its compiler stack (most of a second) would only delay the job's end.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    # its compiler stack would only delay the job's end.
+    leave_now(_launch(sys.argv[1:]))
