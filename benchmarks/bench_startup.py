@@ -91,6 +91,7 @@ def report(label: str, runs: list[dict]) -> None:
     if not timed:
         print("  (this checkout records no start-up parts)")
         return
+    print(f"  ranks started by        {', '.join(sorted({s.get('launcher', 'torchrun') for s in timed}))}")
     to_training = [s["to_training_s"] for s in timed]
     print(f"  launch to first step    {spread(to_training)}  (goal <= 3 s on the local provider: "
           f"ratio {statistics.median(to_training) / 3.0:.2f})")

@@ -151,9 +151,11 @@ def _task(stage: Stage, report_asset: Asset, train_slots: int) -> Any:
     if stage.mapped:
         def body(ctx: dict, entry: dict) -> Any:
             """One entry of its need (a training config and repeat, or a suspect to rerun)."""
+            from infra import warm
             from pipelines import steps
 
             _context()["config_key"] = entry["key"]
+            warm.keep()  # the run's later jobs in this process fork warm (`airflow dags test`)
             with sigterm_stops_training():
                 return steps.call(stage.name, ctx, entry)
 
@@ -161,8 +163,15 @@ def _task(stage: Stage, report_asset: Asset, train_slots: int) -> Any:
                     execution_timeout=TRAIN_TIMEOUT, map_index_template="{{ config_key }}")
 
     def run(ctx: dict, *results: Any) -> Any:
+        from infra import warm
         from pipelines import steps
 
+        # One pool of warm agents for the tasks a process runs (`airflow dags test` runs them
+        # all; the scheduler each in its own), stopped before the run's teardown and finish.
+        if stage.always:
+            warm.release()
+        else:
+            warm.keep()
         outcome = {"failed": _run_failed()} if stage.takes_outcome else {}
         result = steps.call(stage.name, ctx, *_results(stage, results), **outcome)
         if stage.publishes:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import selectors
 import signal
 import socket
@@ -31,13 +32,15 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra.lifeline import die_with_parent, exit_code, leave_now, wrap
 
@@ -316,9 +319,24 @@ class WarmAgents:
         self.dir = Path(tempfile.mkdtemp(prefix="ddlbench-warm-"))
         self.servers: dict[str, _Running] = {}
         self.started = 0
-        # Servers are started from one thread that lives as long as the block: a server dies with
-        # the thread that started it (PR_SET_PDEATHSIG is a thread's), and jobs run from any.
-        self.spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm-agents")
+        # Servers are started from one thread that lives as long as the pool: a server dies with
+        # the thread that started it (PR_SET_PDEATHSIG is a thread's), and jobs run from any. A
+        # daemon: a process that leaves with a pool open is not held by it (its servers die with it).
+        self.requests: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._spawn, name="warm-agents", daemon=True).start()
+
+    def _spawn(self) -> None:
+        while (request := self.requests.get()) is not None:
+            start, done = request
+            try:
+                done.set_result(start())
+            except BaseException as err:  # noqa: BLE001  (the caller's to raise)
+                done.set_exception(err)
+
+    def _in_spawner(self, start: Callable[[], Any]) -> Any:
+        done: Future = Future()
+        self.requests.put((start, done))
+        return done.result()
 
     def socket_for(self, node: str, env: dict[str, str], prefix: list[str] | None = None) -> str | None:
         """The socket of `node`'s server for jobs with `env`; None where none could start (the
@@ -332,8 +350,8 @@ class WarmAgents:
             path = str(self.dir / f"{self.started}.sock")
             argv = wrap([*(prefix or []), sys.executable, "-m", "infra.zygote", "--serve", path])
             with open(self.dir / f"{Path(path).stem}.log", "ab") as log:
-                proc = self.spawner.submit(subprocess.Popen, argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                           stderr=log, start_new_session=True).result()
+                proc = self._in_spawner(lambda: subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                                                 stderr=log, start_new_session=True))
             running = self.servers[node] = _Running(proc, path, env)
             deadline = time.monotonic() + READY_S
             while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
@@ -354,7 +372,7 @@ class WarmAgents:
     def close(self) -> None:
         for node in list(self.servers):
             self._stop(node)
-        self.spawner.shutdown()
+        self.requests.put(None)
         for p in self.dir.iterdir():
             p.unlink(missing_ok=True)
         self.dir.rmdir()
@@ -363,11 +381,14 @@ class WarmAgents:
 _active: WarmAgents | None = None
 
 
+_kept = False  # the active pool is `keep()`'s, open until `release()` or the process's end
+
+
 @contextmanager
 def agents() -> Iterator[WarmAgents | None]:
     """Inside, jobs launched from this process on the local and netns providers fork their agents
-    from one warm server per node (`socket_for`); the servers stop on leaving. Nested blocks share
-    the outermost one's."""
+    from one warm server per node (`socket_for`); the servers stop on leaving. A block inside
+    another, or inside `keep()`, shares that pool."""
     global _active
     if _active is not None:
         yield _active
@@ -377,6 +398,23 @@ def agents() -> Iterator[WarmAgents | None]:
         yield _active
     finally:
         pool, _active = _active, None
+        pool.close()
+
+
+def keep() -> None:
+    """Warm agents from now until `release()` (or this process's end, its servers with it), for
+    work whose jobs run in steps that no one block holds: an Airflow DAG run's tasks, which
+    `airflow dags test` runs in one process, the scheduler each in its own."""
+    global _active, _kept
+    if _active is None:
+        _active, _kept = WarmAgents(), True
+
+
+def release() -> None:
+    """Stop `keep()`'s servers (a block's are its own to stop)."""
+    global _active, _kept
+    if _kept and _active is not None:
+        pool, _active, _kept = _active, None, False
         pool.close()
 
 

@@ -168,8 +168,8 @@ def _signal_name(code: int) -> str:
 class Ranks:
     """This agent's forked ranks, watched until they have all exited."""
 
-    def __init__(self, world: World, module: str) -> None:
-        self.world, self.module = world, module
+    def __init__(self, world: World, module: str, launcher: str = "forked") -> None:
+        self.world, self.module, self.launcher = world, module, launcher
         self.pids: dict[int, int] = {}  # pid -> local rank
         self.codes: dict[int, int] = {}  # local rank -> exit code
         self.failed: list[int] = []  # local ranks, in the order they failed
@@ -187,7 +187,8 @@ class Ranks:
                 for fd in (*writers, w):
                     os.close(fd)
                 try:
-                    _rank(self.module, args, self.world.env(local, master_addr, 0), r, me)
+                    env = self.world.env(local, master_addr, 0) | {"DDLBENCH_LAUNCHER": self.launcher}
+                    _rank(self.module, args, env, r, me)
                 finally:
                     os._exit(1)
             os.close(r)
@@ -256,11 +257,13 @@ class Ranks:
         print("\n".join(lines), flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, launcher: str = "forked") -> int:
+    """One agent's job; `launcher` (forked, or warm: by a warm server) is what its ranks see in
+    DDLBENCH_LAUNCHER (torchrun's see none), and the job's summary records."""
     args = _parse(sys.argv[1:] if argv is None else argv)
     world = World(args.nprocs, args.agent)
     _preload(args.module)
-    ranks = Ranks(world, args.module)
+    ranks = Ranks(world, args.module, launcher)
     writers = ranks.fork(args.args, args.master_addr)
     port, store = args.master_port, None
     try:
@@ -291,7 +294,7 @@ def _launch(argv: list[str]) -> int:
     """`--serve SOCKET`: a warm server (infra/warm.py); `--warm=SOCKET ...`: this job's agent
     forked by that server where it can, else (and without it) the agent itself."""
     if argv[:1] == ["--serve"] and len(argv) == 2:
-        return warm.serve(argv[1], _preload, main)
+        return warm.serve(argv[1], _preload, lambda agent_argv: main(agent_argv, launcher="warm"))
     if argv[:1] and argv[0].startswith("--warm="):
         path, argv = argv[0].removeprefix("--warm="), argv[1:]
         code = warm.run_warm(path, argv)

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable
 from functools import cache
 
+import psutil
 import pytest
 from hypothesis import settings
 
@@ -124,3 +125,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_exit_status[-1])
+
+
+def cmdline(p: psutil.Process) -> list[str]:
+    """A process's command line; [] once it is gone or a zombie not yet reaped."""
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def warm_servers() -> list[psutil.Process]:
+    """This process's warm-agent servers (infra/warm.py): its children serving a socket."""
+    return [c for c in psutil.Process().children() if "--serve" in cmdline(c)]

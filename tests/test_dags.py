@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.airflow_services import all_succeeded
-from tests.conftest import needs_root
+from tests.conftest import needs_root, warm_servers
 
 REPO = Path(__file__).resolve().parent.parent
 DAGS = REPO / "dags"
@@ -448,6 +448,11 @@ def test_nightly_runs_end_to_end_in_airflow(nightly: dict[str, Any]) -> None:
     # One mapped task per config and repeat, named by its key in the UI.
     assert sorted(t["name"] for t in trains) == sorted(_smoke_keys())
     assert {t["task_id"] for t in nightly["tis"]} == PIPELINE_TASKS
+    # dag.test() runs every task in one process: its jobs fork their agents from the warm
+    # servers the measuring tasks started, and the finish task stops them.
+    summaries = [json.loads(p.read_text()) for p in (Path(nightly["ctx"]["run_dir"]) / "train").glob("*/summary.json")]
+    assert len(summaries) == len(trains) and {s["startup"]["launcher"] for s in summaries} == {"warm"}
+    assert warm_servers() == []
     events = _asset_events("ddlbench_nightly_report")
     ours = [e for e in events if e.get("run_key") == nightly["ctx"]["run_key"]]
     assert len(ours) == 1 and Path(ours[0]["report_md"]).is_file()

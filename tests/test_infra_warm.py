@@ -16,6 +16,7 @@ from infra import warm
 from infra.base import Job, JobResult, base_env, failed_ranks_from_log
 from infra.hostload import CpuProbe
 from infra.local import LocalProvider
+from tests.conftest import cmdline, warm_servers
 
 pytestmark = pytest.mark.slow  # jobs, and servers that import torch
 
@@ -28,17 +29,6 @@ def _run(p: LocalProvider, out: Path, actions: list[str], **job: object) -> JobR
 
 def _seen(out: Path, rank: int) -> dict:
     return json.loads((out / f"rank{rank}.json").read_text())
-
-
-def _cmdline(p: psutil.Process) -> list[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:  # gone, or a zombie not yet reaped
-        return []
-
-
-def _servers() -> list[psutil.Process]:
-    return [c for c in psutil.Process().children() if "--serve" in _cmdline(c)]
 
 
 def _alive(pid: int) -> bool:
@@ -60,11 +50,12 @@ def test_jobs_fork_their_agents_from_one_server_and_see_what_a_cold_agents_ranks
         cold = _run(p, tmp_path / "cold", ["ok", "ok"])
         with warm.agents() as pool:
             jobs = [_run(p, tmp_path / f"warm{i}", ["ok", "ok", "ok"][: 2 + i % 2]) for i in range(3)]
-            servers = _servers()
+            servers = warm_servers()
             sockets = list(pool.dir.iterdir())
-        assert _servers() == [] and not pool.dir.exists()  # leaving the block stops them
+        assert warm_servers() == [] and not pool.dir.exists()  # leaving the block stops them
     assert cold.ok and all(j.ok for j in jobs), [j.describe_failure() for j in jobs]
     assert len(servers) == 1 and len([s for s in sockets if s.suffix == ".sock"]) == 1
+    assert _seen(tmp_path / "cold", 0)["DDLBENCH_LAUNCHER"] == "forked"
     cold_agent = _seen(tmp_path / "cold", 0)["agent"]
     assert not _alive(cold_agent)  # a cold agent is the launcher's own child: already reaped
     agents = set()
@@ -78,6 +69,7 @@ def test_jobs_fork_their_agents_from_one_server_and_see_what_a_cold_agents_ranks
         like_cold = {k: v for k, v in _seen(tmp_path / "cold", 0).items() if k in keys}
         assert {k: v for k, v in seen[0].items() if k in keys} == like_cold | {
             "WORLD_SIZE": str(len(seen)), "LOCAL_WORLD_SIZE": str(len(seen)), "argv": [str(out), *["ok"] * len(seen)]}
+        assert {s["DDLBENCH_LAUNCHER"] for s in seen} == {"warm"}  # what the job's summary records
         log = (out / "launcher.log").read_text()
         ranks = ", ".join(f"{r} (pid {s['pid']})" for r, s in enumerate(seen))
         assert f"agent 0: ranks {ranks} of {len(seen)} started" in log, log
@@ -123,13 +115,13 @@ def test_a_job_whose_launcher_is_killed_dies_and_the_server_serves_on(tmp_path: 
         runner.start()
         _wait_for_ranks(tmp_path / "killed", 2)
         seen = [_seen(tmp_path / "killed", r) for r in range(2)]
-        client = next(c for c in psutil.Process().children() if any(a.startswith("--warm=") for a in _cmdline(c)))
+        client = next(c for c in psutil.Process().children() if any(a.startswith("--warm=") for a in cmdline(c)))
         client.kill()
         runner.join(30)
         assert _gone([seen[0]["agent"], *(s["pid"] for s in seen)])
         assert _run(p, tmp_path / "after", ["ok"]).ok
         assert _seen(tmp_path / "after", 0)["agent"] not in {s["agent"] for s in seen}
-        assert len(_servers()) == 1
+        assert len(warm_servers()) == 1
 
 
 def test_every_agent_dies_with_its_server(tmp_path: Path) -> None:
@@ -139,7 +131,7 @@ def test_every_agent_dies_with_its_server(tmp_path: Path) -> None:
         runner = threading.Thread(target=lambda: results.append(_run(p, tmp_path, ["sleep", "stop"])), daemon=True)
         runner.start()
         _wait_for_ranks(tmp_path, 2)
-        [server] = _servers()
+        [server] = warm_servers()
         server.kill()
         runner.join(30)
         seen = [_seen(tmp_path, r) for r in range(2)]
@@ -155,10 +147,10 @@ def test_a_server_serves_only_its_own_environment_and_none_is_cold(tmp_path: Pat
         # This process's environment is not the server's: refused, and nothing started.
         assert warm.run_warm(path, ["--nprocs=1", "-m", "tests.zygote_probe", str(tmp_path), "ok"]) is None
         assert warm.run_warm(str(tmp_path / "none.sock"), ["--nprocs=1"]) is None
-        assert len(_servers()) == 1 and not (tmp_path / "rank0.json").exists()
-        first = _servers()[0].pid
+        assert len(warm_servers()) == 1 and not (tmp_path / "rank0.json").exists()
+        first = warm_servers()[0].pid
         assert pool.socket_for("n", env | {"DDLBENCH_PROBE": "b"}) not in (None, path)  # another env: another server
-        assert [s.pid for s in _servers()] != [first] and len(_servers()) == 1
+        assert [s.pid for s in warm_servers()] != [first] and len(warm_servers()) == 1
 
 
 def test_a_warm_jobs_cpu_is_this_processs_own_not_other_work(tmp_path: Path) -> None:
@@ -175,5 +167,27 @@ def test_a_warm_jobs_cpu_is_this_processs_own_not_other_work(tmp_path: Path) -> 
 def test_a_job_with_restarts_runs_under_torchrun_even_inside_the_block(tmp_path: Path) -> None:
     with warm.agents(), LocalProvider() as p:
         result = _run(p, tmp_path, ["ok"], max_restarts=1)
-        assert result.ok and _servers() == []
-    assert _seen(tmp_path, 0)["warm"] is False  # a fresh interpreter's rank: torchrun's, not a fork
+        assert result.ok and warm_servers() == []
+    # A fresh interpreter's rank: torchrun's, not a fork.
+    assert _seen(tmp_path, 0)["warm"] is False and _seen(tmp_path, 0)["DDLBENCH_LAUNCHER"] is None
+
+
+def test_kept_agents_last_until_released_and_a_block_inside_shares_them() -> None:
+    """`keep()` (an Airflow task) opens the process's pool once; a block inside it neither makes
+    its own nor stops it; `release()` (the run's teardown and finish) stops it, and leaves a
+    block's pool alone."""
+    warm.keep()
+    kept = warm._active
+    try:
+        warm.keep()
+        assert warm._active is kept
+        with warm.agents() as pool:
+            assert pool is kept
+        assert warm._active is kept and kept.dir.exists()
+    finally:
+        warm.release()
+    assert warm._active is None and not kept.dir.exists()
+    with warm.agents() as pool:
+        warm.release()
+        assert warm._active is pool and pool.dir.exists()
+    assert warm._active is None

@@ -14,7 +14,7 @@ from pathlib import Path
 if __name__ == "__main__":
     out, actions = Path(sys.argv[1]), sys.argv[2:]
     rank = int(os.environ["RANK"])
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT", "DDLBENCH_LAUNCHER")
     seen = {k: os.environ.get(k) for k in keys} | {"warm": "torch._dynamo" in sys.modules, "pid": os.getpid(),
                                                     "agent": os.getppid(), "argv": sys.argv[1:]}
     action = actions[rank]

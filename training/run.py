@@ -202,7 +202,9 @@ def startup_figures(marks: list[dict[str, float]]) -> dict[str, Any]:
     ends = list(STARTUP_PARTS)
     parts = {STARTUP_PARTS[e]: max(m[e] - m[b] for m in marks)
              for b, e in zip(["started", *ends[:-1]], ends, strict=True)}
-    return {"parts_s": parts, "started_at": min(m["started"] for m in marks),
+    # How the ranks were started: forked by a warm server's agent, by a cold agent, or by torchrun.
+    return {"parts_s": parts, "launcher": os.environ.get("DDLBENCH_LAUNCHER", "torchrun"),
+            "started_at": min(m["started"] for m in marks),
             "training_at": max(m["canary"] for m in marks), "written_at": time.time()}
 
 
