@@ -1,13 +1,14 @@
 """How much of this host's CPU other work used while a job ran (DESIGN §4: a figure from a
 loaded machine says so).
 
-All busy CPU time of the host (/proc/stat) less the CPU time of this process and of its
-descendants, over the host's capacity (cores x wall time). A descendant's time is in this
-process's getrusage once waited for (a job's launcher and, through it, its ranks); a live one's
-(a warm server, infra/warm.py, which reaps the agents it forked) is its own and its reaped
-children's, from /proc. Meaningful where a job's processes are this process's
-descendants (the local and netns providers); a SLURM or Kubernetes job's ranks are another
-daemon's children, so those providers record nothing.
+All busy CPU time of the host (/proc/stat) less the CPU time of this process and of the
+descendants that did its jobs, over the host's capacity (cores x wall time). A descendant's time
+is in this process's getrusage once waited for (a job's launcher and, through it, its ranks); a
+warm server (infra/warm.py) lives on and reaps the agents it forked, so its own and its reaped
+children's time come from /proc. Other live descendants are other work (a test's CPU burners).
+Meaningful where a job's processes are this process's descendants (the local and netns
+providers); a SLURM or Kubernetes job's ranks are another daemon's children, so those providers
+record nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from infra.warm import server_pids
 
 QUIET = 0.10  # other work under 10% of the host's CPU: a quiet measurement
 
@@ -39,14 +42,14 @@ def _own_s() -> float:
         for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
         for part in ("ru_utime", "ru_stime")
     )
-    live = 0.0
-    for p in psutil.Process().children(recursive=True):
+    serving = 0.0
+    for pid in server_pids():
         try:
-            t = p.cpu_times()
+            t = psutil.Process(pid).cpu_times()
         except psutil.Error:
-            continue  # gone between the listing and the read: its time is its parent's now
-        live += t.user + t.system + t.children_user + t.children_system
-    return reaped + live
+            continue  # gone since: reaped by this process, its time is in getrusage's
+        serving += t.user + t.system + t.children_user + t.children_system
+    return reaped + serving
 
 
 @dataclass

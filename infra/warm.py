@@ -418,6 +418,14 @@ def release() -> None:
         pool.close()
 
 
+def server_pids() -> list[int]:
+    """The running servers of this process's pool: their reaped agents' CPU is this process's work
+    (infra/hostload.py)."""
+    if _active is None:
+        return []
+    return [r.proc.pid for r in _active.servers.values() if r.proc.poll() is None]
+
+
 def socket_for(node: str, env: dict[str, str], prefix: list[str] | None = None) -> str | None:
     """The warm server's socket for an agent on `node` with `env`; None outside `agents()`."""
     return None if _active is None else _active.socket_for(node, env, prefix)

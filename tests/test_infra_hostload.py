@@ -56,3 +56,21 @@ def test_the_report_says_whether_the_host_was_loaded():
     loaded = host_load([_run(0.02), _run(0.40), _run(0.05)])
     assert loaded["median"] == pytest.approx(0.05) and loaded["loaded"]
     assert "**a loaded host**" in describe_load(loaded) and "[2%, 40%]" in describe_load(loaded)
+
+
+def test_a_live_child_that_no_job_started_is_other_work():
+    """Only a warm server's reaped agents (infra/warm.py) count while their parent lives on; any
+    other live descendant (a test's CPU burner, another tenant's session) is other work."""
+    probe = CpuProbe()
+    child = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.5) + "import time\ntime.sleep(60)\n"],
+                             start_new_session=True)
+    try:
+        burner = psutil.Process(child.pid)
+        while sum(burner.cpu_times()[:2]) < 0.5:
+            assert child.poll() is None
+            psutil.wait_procs([burner], timeout=0.05)
+        _, _, own = probe.seconds()
+        assert own < 0.3  # this process's polling, not the child's 0.5 s
+    finally:
+        child.kill()
+        child.wait()
