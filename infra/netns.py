@@ -332,13 +332,13 @@ class NetnsProvider(Provider):
         nodes = self.provision()
         argvs, envs = [], []
         # One launcher per agent ((role, node)), in rank order; agent 0 (node 0's workers) hosts the store.
-        agents = placement.agents()
+        agents, nprocs = placement.agents(), placement.nprocs()
         for i, agent in enumerate(agents):
             n = agent.node
             ifname = {"GLOO_SOCKET_IFNAME": self.ifname(n), "NCCL_SOCKET_IFNAME": self.ifname(n)}
             env = base_env(self.threads) | job.env | ifname
             inside = ["ip", "netns", "exec", self.ns_name(n)]
-            launcher = launch_argv(placement.nprocs(), i, nodes[0].address, self.master_port,
+            launcher = launch_argv(nprocs, i, nodes[0].address, self.master_port,
                                    max_restarts=job.max_restarts,
                                    warm=self.warm_socket(job, self.ns_name(n), env, inside))
             argvs.append([*inside, *launcher, "-m", job.module, *job.args])

@@ -243,7 +243,7 @@ class Server:
 
     def _reap(self, agent: _Agent) -> None:
         _, status = os.waitpid(agent.pid, 0)
-        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        code = os.waitstatus_to_exitcode(status)
         self._forget(agent)
         try:
             agent.conn.sendall(json.dumps({"exit": code}).encode() + b"\n")

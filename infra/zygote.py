@@ -153,11 +153,6 @@ def _rank(module: str, args: list[str], env: dict[str, str], port_fd: int, launc
     _leave(code)
 
 
-def _status_code(status: int) -> int:
-    """A wait status as Popen.returncode gives it: the exit status, or minus the signal."""
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _signal_name(code: int) -> str:
     try:
         return f" ({signal.Signals(-code).name})" if code < 0 else ""
@@ -208,7 +203,7 @@ class Ranks:
             return False
         if pid == 0 or pid not in self.pids:
             return pid != 0
-        local, code = self.pids[pid], _status_code(status)
+        local, code = self.pids[pid], os.waitstatus_to_exitcode(status)
         self.codes[local] = code
         if code != 0:
             self.failed.append(local)

@@ -12,6 +12,7 @@ the largest model's parameter bytes, within a stated time budget. Each round is 
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -125,29 +126,28 @@ def profile(ctx: RunContext) -> dict:
             return {"layers": {}, "skipped": True}
         out: dict[str, str] = {}
         with cluster(ctx) as p, warm_agents():  # one cluster, and one warm agent per node, for every round
-            for wl in spec.workloads:
-                for batch in spec.batch_sizes:
-                    name = workload_dir(wl, batch)
-                    tables = [_profile_round(ctx, spec, wl, batch, i, p) for i in range(spec.profile.pooled)]
-                    layers = pool_layers(tables)
-                    path = write_layers(layers, ctx.paths.profile(name))
-                    t.log_artifact(node, path, name)
-                    t.log_artifact(node, path.with_name("layers.txt"), name)
-                    table = columns(layers["layers"], ("name", "type", "fwd_s", "bwd_s", "param_bytes"))
-                    t.log_table(node, table, f"{name}/layers_table.json")
-                    rounds = [sum(r["fwd_s"] + r["bwd_s"] for r in x["layers"]) for x in tables]
-                    t.log_metrics(
-                        node,
-                        {
-                            f"{name}.forward_s": sum(r["fwd_s"] for r in layers["layers"]),
-                            f"{name}.backward_s": sum(r["bwd_s"] for r in layers["layers"]),
-                            f"{name}.update_s": layers["update_s"],
-                            f"{name}.data_s": layers["data_s"],
-                            # How far the rounds' passes lie apart: the profile's own noise floor.
-                            f"{name}.rounds_spread": max(rounds) / min(rounds) - 1 if min(rounds) > 0 else None,
-                        },
-                    )
-                    out[name] = str(Path(path))
+            for wl, batch in itertools.product(spec.workloads, spec.batch_sizes):
+                name = workload_dir(wl, batch)
+                tables = [_profile_round(ctx, spec, wl, batch, i, p) for i in range(spec.profile.pooled)]
+                layers = pool_layers(tables)
+                path = write_layers(layers, ctx.paths.profile(name))
+                t.log_artifact(node, path, name)
+                t.log_artifact(node, path.with_name("layers.txt"), name)
+                table = columns(layers["layers"], ("name", "type", "fwd_s", "bwd_s", "param_bytes"))
+                t.log_table(node, table, f"{name}/layers_table.json")
+                rounds = [sum(r["fwd_s"] + r["bwd_s"] for r in x["layers"]) for x in tables]
+                t.log_metrics(
+                    node,
+                    {
+                        f"{name}.forward_s": sum(r["fwd_s"] for r in layers["layers"]),
+                        f"{name}.backward_s": sum(r["bwd_s"] for r in layers["layers"]),
+                        f"{name}.update_s": layers["update_s"],
+                        f"{name}.data_s": layers["data_s"],
+                        # How far the rounds' passes lie apart: the profile's own noise floor.
+                        f"{name}.rounds_spread": max(rounds) / min(rounds) - 1 if min(rounds) > 0 else None,
+                    },
+                )
+                out[name] = str(Path(path))
         return {"layers": out, "skipped": False}
 
     return run_once(ctx, "profile", body)
