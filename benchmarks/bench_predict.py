@@ -14,8 +14,8 @@ import argparse
 import time
 from pathlib import Path
 
-from modelling.fit import fit_comm, load_comm_model
 from modelling.measure.layers import load_layers
+from modelling.network.fit import fit_comm, load_comm_model
 from modelling.predict import predict
 
 TARGET_S = 1.0

@@ -42,9 +42,9 @@ from bench_regression_components import SPEC, UNSLOWED, kind, nights, realised
 
 from infra.hostload import CpuProbe
 from infra.netns import NetnsProvider
-from modelling.fit import fit_comm
 from modelling.measure.microbench import run_microbench
 from modelling.measure.profiler import profile_layers
+from modelling.network.fit import fit_comm
 from pipelines.report import regression_comm
 from pipelines.report.attribution import model_predictor
 from pipelines.report.regression_stats import repeat_figures, run_level

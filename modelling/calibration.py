@@ -37,7 +37,7 @@ STATED_ACCURACY = 0.10
 # lenet5 (3-8 ms) and the recorded mlp grid (19-72 ms) on the same cores were off by 10-73%.
 DOMAIN_FLOOR_S = 0.05
 SHORT_AND_CROWDED = "ms-scale iteration with more ranks than cores"
-# A shaped link is a token bucket (modelling/costs.py, `link_burst`): the bytes its bucket passes
+# A shaped link is a token bucket (modelling/network/costs.py, `link_burst`): the bytes its bucket passes
 # at once cost the time between transfers to refill, which the DAG holds for a PS push alone, and
 # in no case for the ring's steps. Where the bucket holds this share of a gradient or more, what
 # a transfer costs moves by more than the accuracy bar with the bucket's refill.

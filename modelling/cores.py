@@ -21,7 +21,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from modelling.fabric import Fabric
+from modelling.network.fabric import Fabric
 from training.config import Comm
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ on the shard's link.
 
 Where each transfer runs, what it costs and what it holds (one host's ranks' links and
 CPUs, a node's uplink and downlink, nothing within a node) is the fabric's
-(modelling/fabric.py); the builders here and in modelling/dag_ps.py ask it and never look
+(modelling/network/fabric.py); the builders here and in modelling/dag_ps.py ask it and never look
 at the placement.
 """
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from modelling.fabric import Fabric, Resource, Transfer, Wire, compute
+from modelling.network.fabric import Fabric, Resource, Transfer, compute
+from modelling.network.wire import Wire
 from modelling.simulate import Dag
 
 
@@ -79,7 +80,7 @@ def comm_task(
 
 
 def add_transfer(dag: Dag, name: str, tr: Transfer, deps, **kw) -> int:
-    """A transfer's tasks (modelling/fabric.py): its latency, which holds nothing, then its wire
+    """A transfer's tasks (modelling/network/fabric.py): its latency, which holds nothing, then its wire
     time on its links (its copying part on its CPUs too). The last of them."""
     if tr.latency_s > 0 or not (tr.links or tr.wire_s):
         deps = (dag.add(name, tr.latency_s, (), deps, **kw),)

@@ -3,15 +3,16 @@ from S shards, iteration by iteration, one builder per algorithm of training/alg
 
 Each says only what happens between backward and the next forward: how gradients reach the
 shards (`exchange`) and what the worker's update waits for (`update`). What a transfer costs
-and holds is the fabric's (modelling/fabric.py); a builder never looks at the placement.
+and holds is the fabric's (modelling/network/fabric.py); a builder never looks at the placement.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from modelling.dag import Costs, Plan, add_transfer, comm_task
-from modelling.fabric import Fabric, Resource, compute
+from modelling.network.fabric import OWN_PULL, SENDS_RETURNED, SHARD_PULLS, Fabric, Resource, compute
 from modelling.simulate import Dag
 from training.config import Algorithm
 
@@ -81,28 +82,10 @@ class _SyncServer(_PSBuilder):
         return add_transfer(self.dag, name, self.fab.ps(k, s, push), deps, kind="comm", owner=self.owners[k], step=t)
 
     def _shared(self, t: int, s: int, shard_pulls: list[int]) -> list[int]:
-        """The pulls that share the shard's link are sent at once. Shared fairly, each ends when
-        the last does (a join), not one after another as the link's queue orders them; where
-        the first is back `lead` sooner than the last (Fabric.pull_lead), the j-th of r ends
-        lead (r-1-j)/(r-1) before the last, and no sooner than in queue order."""
-        remote = self.fab.sharing(s)
-        if len(remote) < 2:
-            return shard_pulls
-        lead = self.fab.pull_lead(s)
-        if lead <= 0.0:
-            joined = self.dag.add(f"pulled s{s}", 0.0, (), [shard_pulls[k] for k in remote], kind="pulled",
-                                  owner=f"server{s}", step=t)
-            return [joined if k in remote else pull for k, pull in enumerate(shard_pulls)]
-        ends = [0.0]  # in queue order
-        for k in remote:
-            ends.append(ends[-1] + self.fab.ps(k, s, False).wire_s)
-        out = list(shard_pulls)
-        last, r = ends[-1], len(remote)
-        for j, k in enumerate(remote[:-1]):
-            wait = max(last - lead * (r - 1 - j) / (r - 1) - ends[j + 1], 0.0)
-            out[k] = self.dag.add(f"pulled s{s}", wait, (), (shard_pulls[k],), kind="pulled",
-                                  owner=f"server{s}", step=t)
-        return out
+        """When each class's pull from shard s is back (Fabric.pull_ends): pulls that share a
+        link end together, or in its queue's order."""
+        return [self.dag.add(f"pulled s{s}", end.wait_s, (), [shard_pulls[j] for j in end.after], kind="pulled",
+                             owner=f"server{s}", step=t) for end in self.fab.pull_ends(s)]
 
     def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
         pulls: list[list[int]] = [[] for _ in self.mult]
@@ -124,12 +107,9 @@ class _SyncServer(_PSBuilder):
         return pulls
 
     def _free(self, k: int, s: int) -> tuple[int | None, ...]:
-        """What class k's next push to shard s waits for: its own pull from s and the shard's
-        loop back at receive once its sends have returned, or the shard's last pull
-        (Fabric.push_waits_for_own_pull)."""
-        if self.fab.push_waits_for_own_pull(s):
-            return self.pulled[k][s], self.sent[s]
-        return (self.shard_free[s],)
+        """What class k's next push to shard s waits for (Fabric.push_waits)."""
+        events = {OWN_PULL: self.pulled[k][s], SENDS_RETURNED: self.sent[s], SHARD_PULLS: self.shard_free[s]}
+        return tuple(events[e] for e in self.fab.push_waits(s))
 
 
 class PSSSGDPlan(_SyncServer):
@@ -144,59 +124,31 @@ class ODSGDPlan(_SyncServer):
         self.prev_pulls: list[list[int]] = [[] for _ in self.mult]  # the pulls of W_g(t)
 
     def update(self, t: int, k: int, pack: int, pulls: list[int]) -> int:
-        c, cpu, w, post, p = self.c, (compute("worker", k),), self.owners[k], self.fab.post_cpu_s(), self.mult[k]
-        if post:  # posting this step's push and pull, before the wait for W_g(t)
-            pack = self.dag.add("post", post, cpu, (pack,), kind="update", owner=w, step=t, procs=p)
+        c, cpu, w, p = self.c, (compute("worker", k),), self.owners[k], self.mult[k]
+        # Posting this step's push and pull, before the wait for W_g(t).
+        pack = add_transfer(self.dag, "post", self.fab.post(k), (pack,), kind="update", owner=w, step=t, procs=p)
         deps, self.prev_pulls[k] = (pack, *self.prev_pulls[k]), pulls
         return self.dag.add("update", c.unpack_s + c.update_s, cpu, deps, kind="update", owner=w, step=t, procs=p)
 
 
 class ASGDPlan(_PSBuilder):
     """ASGD: each shard serves one push at a time, its update and reply included; no barrier.
-
-    Where the reply crosses a link, the shard goes back to receiving once its socket send has
-    returned, while the link carries the rest (Fabric.reply_on_link). Elsewhere the shard's
-    loop holds the whole pass. Beside a colocated shard the workers then keep two paces: the
-    shard's own node's worker is served whenever the loop is free of a remote worker's push
-    and reply, so it steps several times per step of the remote one. A push within the node
-    that waits for the loop lies in the sockets' buffers meanwhile (Fabric.push_in_buffers),
-    so the loop passes that part sooner once it takes it (the DAG's absorbed wait)."""
+    What one pass of a shard's loop holds, and what of its reply the link carries after it,
+    is the fabric's (Fabric.asgd_pass). Beside a colocated shard the workers keep two paces:
+    the shard's own node's worker is served whenever the loop is free of a remote worker's
+    push and reply, so it steps several times per step of the remote one."""
 
     concurrent = False  # the shard's serial loop, not the link, orders the workers
 
     def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
-        c, fab, pulls = self.c, self.fab, [[] for _ in self.mult]
-        for k in self.active:
-            w, m = self.owners[k], self.mult[k]
-            for s in range(self.servers):
-                one, apply = fab.asgd_one(k, s), c.server_apply_s / self.servers
-                on_link = fab.reply_on_link(k, s)
-                if on_link is not None:
-                    pulls[k].append(self._served(t, k, s, packs[k], one, apply, on_link))
-                    continue
-                # One pass of the shard's serial loop: receive, apply, reply.
-                copies = fab.copy_s(self.shard_bytes[s], 2 * m)
-                cpu_s = None if copies is None else copies + m * apply
-                links = tuple(dict.fromkeys(fab.links(k, s, True) + fab.links(k, s, False)))
-                pulls[k].append(comm_task(self.dag, f"push-apply-pull s{s}", m * (2 * one + apply), cpu_s,
-                                          (*links, compute("server", s)), fab.cpus(k), (packs[k],),
-                                          kind="comm", owner=w, step=t,
-                                          absorbs=m * fab.push_in_buffers(k, s) * one))
+        pulls: list[list[int]] = [[] for _ in self.mult]
+        for k, s in itertools.product(self.active, range(self.servers)):
+            one = self.fab.asgd_pass(k, s, self.c.server_apply_s / self.servers)
+            kw = {"kind": "comm", "owner": self.owners[k], "step": t}
+            loop = comm_task(self.dag, f"push-apply-pull s{s}", one.serve_s, one.cpu_s,
+                             (*one.links, compute("server", s)), one.cpus, (packs[k],), absorbs=one.absorbs_s, **kw)
+            pulls[k].append(add_transfer(self.dag, f"pull s{s}", one.tail, (loop,), **kw))
         return pulls
-
-    def _served(self, t: int, k: int, s: int, pack: int, one: float, apply: float, on_link: float) -> int:
-        """One pass of the shard's loop for the class's pushes (receive, apply, and reply until
-        the socket has taken all but the last reply's part `on_link`) holds the shard; then
-        that part crosses the pull's links while the shard serves on. The pass holds the push's
-        links, not the pull's: a link the next pass held from its start would keep this reply's
-        last part waiting behind a whole push, where the shard's loop, which sends only after
-        it has received, is what orders the replies."""
-        w, m = self.owners[k], self.mult[k]
-        serve = m * (one + apply) + (m - on_link) * one
-        loop = self.dag.add(f"push-apply-pull s{s}", serve, (*self.fab.links(k, s, True), compute("server", s)),
-                            (pack,), kind="comm", owner=w, step=t)
-        return self.dag.add(f"pull s{s}", on_link * one, self.fab.links(k, s, False), (loop,),
-                            kind="comm", owner=w, step=t)
 
 
 PS_PLANS: dict[Algorithm, type[_PSBuilder]] = {

@@ -4,19 +4,19 @@ table and a fitted communication model (DESIGN §3)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from typing import Any
 
 from modelling.calibration import domain
 from modelling.cores import on_shared_cores
-from modelling.costs import CommCosts
 from modelling.dag import Costs, Plan, comm_groups, without_compute
-from modelling.fabric import Fabric, Wire, compute
-from modelling.fit import CommModelError
-from modelling.links import multi_node, send_buffer_bytes, socket_buffer_bytes
 from modelling.measure.layers import LayersError, check_layers
 from modelling.measure.records import migrate_layers
 from modelling.memory import MEMORY_FIGURES, does_not_fit, predict_memory
+from modelling.network.costs import CommCosts
+from modelling.network.fabric import Fabric, compute
+from modelling.network.fit import CommModelError
+from modelling.network.links import multi_node
+from modelling.network.wire import wire_of
 from modelling.plan import build_plan
 from modelling.scenario import Scenario
 from modelling.simulate import Schedule, busy_time, critical_path, simulate
@@ -71,11 +71,6 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
     layers = table(layers)
     scale = s.batch_size / layers["batch_size"] if s.batch_size else 1.0
     samples = layers["iteration_samples_s"]
-    allreduce = comm.allreduce(s.workers) if s.comm == Comm.allreduce else (lambda _m: 0.0)
-    transfer = comm.transfer(s.workers, s.servers) if s.comm == Comm.ps else (lambda _m: 0.0)
-    on_cpu = bool(s.comm_on_cpu)
-    placed_ps = s.comm == Comm.ps and multi_node(s.node_of_rank)
-    asgd = s.algorithm == Algorithm.asgd
     rows = layers["layers"]
     layer_bytes = [int(r["param_bytes"]) for r in rows]
     return Costs(
@@ -91,38 +86,8 @@ def build_costs(layers: dict[str, Any], comm: CommCosts, s: Scenario) -> Costs:
         # ASGD's shard applies every push with its optimizer (training/ps.py): a step, not an add.
         server_apply_s=layers["server_update_s"],
         straggle_s=expected_straggle(samples, s.workers) * scale if s.algorithm == Algorithm.ssgd else 0.0,
-        wire=Wire(
-            allreduce_s=allreduce,
-            transfer_s=transfer,
-            on_cpu=on_cpu,
-            allreduce_cpu_s=copying_part(allreduce) if on_cpu else None,
-            transfer_cpu_s=copying_part(transfer) if on_cpu else None,
-            node_of_rank=s.node_of_rank,
-            send_buffer_bytes=send_buffer_bytes(comm.environment),
-            socket_buffer_bytes=socket_buffer_bytes(comm.environment) if placed_ps else 0,
-            post_s=comm.post(s.workers, s.servers)(sum(layer_bytes)) if placed_ps else 0.0,
-            local_transfer_s=comm.loopback_latency() if placed_ps else None,
-            pull_lead_s=comm.pull_lead(s.workers, s.servers) if placed_ps else None,
-            # Measured host CPU where the DAG's CPUs do not hold the copies (an emulated cluster's
-            # nodes); on loopback the copying part of the transfers is that CPU time already.
-            host_cpu_s=comm.host_cpu(s.comm, s.workers, s.servers) if not on_cpu else None,
-            asgd_pass_s=comm.asgd_pass(s.workers, s.servers) if asgd else None,
-            asgd_reply_tail_s=comm.asgd_reply_tail(s.workers, s.servers) if asgd and placed_ps else None,
-            link_burst_s=comm.link_burst(s.workers, s.servers) if placed_ps else 0.0,
-        ),
+        wire=wire_of(comm, s, sum(layer_bytes)),
     )
-
-
-def copying_part(cost: Callable[[int], float]) -> Callable[[int], float]:
-    """bytes -> the seconds of a transfer that grow with its size: the copying a CPU does
-    (the asymptotic per-byte cost, from the cost past 64 MiB, times the bytes). What is
-    left of the cost (its latency) is waiting, not work."""
-    big = 1 << 26
-    try:
-        per_byte = max((cost(2 * big) - cost(big)) / big, 0.0)
-    except CommModelError:  # no slope to extrapolate along: count all of it as copying
-        return cost
-    return lambda m: min(cost(m), m * per_byte)
 
 
 def loopback(comm_model: dict[str, Any], bandwidth_bytes_per_s: float | None = None, ranks: int = 0) -> bool:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from modelling.cores import on_shared_cores
-from modelling.costs import CommCosts
 from modelling.dag import Plan
+from modelling.network.costs import CommCosts
 from modelling.plan import build_plan
 from modelling.predict import WORKER_TASKS, build_costs, cores_of, decided_scenario, resolve_scenario, table
 from modelling.scenario import Scenario

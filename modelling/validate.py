@@ -18,9 +18,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from modelling.fit import fit_comm, load_comm, load_comm_model
 from modelling.measure.files import read_json
 from modelling.measure.layers import LayersError, check_layers, load_layers
+from modelling.network.fit import fit_comm, load_comm, load_comm_model
 from modelling.predict import predict
 from modelling.scenario import Scenario
 

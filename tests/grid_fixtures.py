@@ -59,8 +59,8 @@ def measured(grid: Path) -> dict[str, float]:
 
 def predictions(grid: Path) -> dict[str, dict[str, Any]]:
     """Per pinned scenario: the model's iteration, compute and comm, from the grid's own files."""
-    from modelling.fit import fit_comm, load_comm
     from modelling.measure.layers import load_layers
+    from modelling.network.fit import fit_comm, load_comm
     from modelling.predict import predict
     from modelling.scenario import Scenario
 

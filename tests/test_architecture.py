@@ -159,9 +159,9 @@ def test_the_function_import_check_sees_every_form(tmp_path: Path) -> None:
     (tmp_path / "pipelines" / "late.py").write_text(
         "import json\nfrom infra import bounds\n\n"
         "def a():\n    from training import gpt_shape\n    import json\n\n"
-        "class B:\n    async def c(self):\n        def d():\n            import modelling.fit\n"
+        "class B:\n    async def c(self):\n        def d():\n            import modelling.network.fit\n"
         "        from . import sibling\n")
-    assert _function_imports(tmp_path) == {"pipelines/late.py": {"training", "modelling.fit"}}
+    assert _function_imports(tmp_path) == {"pipelines/late.py": {"training", "modelling.network.fit"}}
 
 
 def _shims_and_private_imports(root: Path = REPO) -> list[str]:

@@ -8,10 +8,10 @@ import pytest
 
 from infra.hostload import QUIET
 from infra.local import LocalProvider
-from modelling.fit import fit_comm
 from modelling.measure.layers import load_layers, write_layers
 from modelling.measure.microbench import run_microbench
 from modelling.measure.profiler import profile_layers
+from modelling.network.fit import fit_comm
 from modelling.validate import ValidationInputError, validate_runs
 from pipelines.launch import launch, prepare
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.placement import place
-from modelling.costs import CommCosts
-from modelling.fit import fit_comm
-from modelling.links import ps_link_queue
+from modelling.network.costs import CommCosts
+from modelling.network.fit import fit_comm
+from modelling.network.links import ps_link_queue
 from modelling.plan import build_plan
 from modelling.predict import build_costs, expected_straggle, predict
 from modelling.scenario import Scenario
@@ -513,7 +513,7 @@ def test_an_asgd_replys_tail_is_what_the_kernel_holds_of_it(held: float, reply: 
     tails = [lambda m: min(m, held) * BETA] * 2
     raw = _with_asgd_passes(_ps_comm(node_of_rank), [far, far], node_of_rank, tails=tails)
     scenario = Scenario.of("t", algorithm="asgd", comm="ps", workers=2, servers=1, node_of_rank=node_of_rank)
-    from modelling.fabric import Fabric
+    from modelling.network.fabric import Fabric
 
     costs = build_costs(TABLE, CommCosts(fit_comm(raw, link_bytes_per_s=LINK)), scenario)
     # The fabric's own figure (its cap at the reply's wire time included), not the test's copy
@@ -664,7 +664,7 @@ def test_an_asgd_worker_that_laps_the_others_is_a_pace_not_an_error(mbit: int) -
 )
 def test_the_microbenchmark_times_a_pair_for_each_link_class_of_the_placement(
         workers, servers, nodes, policy, kw, link, loopback) -> None:
-    from modelling.links import p2p_pairs
+    from modelling.network.links import p2p_pairs
 
     node_of_rank = place(workers, servers, nodes, policy, **kw).node_of_rank
     pairs = p2p_pairs(workers, node_of_rank if nodes > 1 else None)
@@ -699,7 +699,7 @@ def test_every_placement_times_each_link_class_it_uses(workers, servers, nodes, 
     wherever the job spans several, and a loopback pair is timed wherever some node runs two
     ranks; every pair is two distinct ranks of the job, workers where workers can serve."""
     from infra.placement import PlacementError
-    from modelling.links import p2p_pairs
+    from modelling.network.links import p2p_pairs
 
     try:
         node_of_rank = place(workers, servers, nodes, policy, devices_per_node=per_node).node_of_rank
@@ -765,7 +765,7 @@ def test_a_links_token_bucket_is_measured_by_the_largest_sends_past_their_latenc
 def test_a_transfer_across_the_link_holds_it_for_its_bytes_past_the_bucket(bucket_mb: float, gbit: float) -> None:
     """SSGD-PS, the shard beside worker 0: worker 1's push and pull each hold the link for their
     bytes' time less the bucket the link gathered while the worker computed, never less than 0."""
-    from modelling.fabric import Fabric
+    from modelling.network.fabric import Fabric
 
     rate, bucket = gbit * 1e9 / 8, bucket_mb * 2**20
     if bucket_mb <= 1.2:  # no bucket: every send at the stated link's rate

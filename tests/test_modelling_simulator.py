@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modelling.dag import Costs, build_allreduce, ddp_buckets
-from modelling.fabric import Wire
+from modelling.network.wire import Wire
 from modelling.simulate import Dag, critical_path, simulate
 
 

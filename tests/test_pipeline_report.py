@@ -391,8 +391,8 @@ def test_predict_from_a_hardware_label_is_predict_from_its_profiles_files(tmp_pa
     from click.testing import CliRunner
     from mlflow import MlflowClient
 
-    from modelling.fit import fit_comm, load_comm
     from modelling.measure.layers import load_layers
+    from modelling.network.fit import fit_comm, load_comm
     from pipelines.cli import cli
 
     grid = REPO / "tests" / "fixtures" / "grids" / "onehost"

@@ -16,8 +16,8 @@ from typing import Any
 from infra import Job
 from infra.hostload import CpuProbe
 from infra.local import LocalProvider
-from modelling.fit import load_comm
 from modelling.measure.configs import DEFAULT_SIZES, MicrobenchConfig
+from modelling.network.fit import load_comm
 from training.config import Device
 
 __all__ = ["DEFAULT_SIZES", "MicrobenchConfig", "MicrobenchFailed", "cuda_missing", "run_config", "run_microbench"]

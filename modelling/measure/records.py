@@ -74,7 +74,7 @@ class LayerTable(_Record):
 
 
 class Fit(_Record):
-    """One primitive and world size of model.json (modelling/fit.py). Version 1 fits lack what
+    """One primitive and world size of model.json (modelling/network/fit.py). Version 1 fits lack what
     later microbenchmarks measured: those fields are None (or their neutral value)."""
 
     primitive: str

@@ -32,7 +32,7 @@ from pipelines.context import default_home, default_tracking_uri
 @click.option("--out", type=PATH, required=True, help="Where to write model.json.")
 def fit(comm_path: Path, link_bandwidth: float | None, out: Path) -> None:
     """Fit alpha, beta (and gamma) per primitive and world size."""
-    from modelling.fit import fit_comm, load_comm
+    from modelling.network.fit import fit_comm, load_comm
 
     try:
         model = fit_comm(load_comm(comm_path), link_bytes_per_s=link_bandwidth)
@@ -84,7 +84,7 @@ def hardware_profile(label: str, tracking_uri: str) -> dict[str, Any]:
 def _from_profile(profile: dict[str, Any], workload: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The layer table and comm model a prediction takes from a hardware profile: the one
     workload it holds, or the one `workload` names (its key, or its model)."""
-    from modelling.fit import check_comm_model
+    from modelling.network.fit import check_comm_model
     source = f"hardware profile {profile.get('hardware')!r} (run {profile.get('run_key')})"
     tables = profile.get("layers") or {}
     matching = [k for k in tables if workload in (None, k, tables[k].get("model"))]
@@ -175,7 +175,7 @@ def predict_cmd(
     as_json: bool,
 ) -> None:
     """Predict iteration time, throughput and memory per world size from the DAG model."""
-    from modelling.fit import load_comm_model
+    from modelling.network.fit import load_comm_model
     from modelling.predict import predict
     from modelling.trace import predicted_timeline, write_chrome_trace, write_gantt
 

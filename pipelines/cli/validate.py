@@ -30,7 +30,7 @@ def validate(
     runs: tuple[Path, ...], layers_path: Path | None, comm_path: Path | None, out: Path | None, as_json: bool
 ) -> None:
     """Predicted vs measured iteration time for training runs."""
-    from modelling.fit import load_comm_model
+    from modelling.network.fit import load_comm_model
     from modelling.validate import validate_runs
 
     try:

@@ -5,7 +5,7 @@ its history and swapped into the model's re-prediction of the baseline.
 A run's iteration time on a shaped link scatters with the host's state; the microbenchmark of
 the same link does not, or far less: it times each primitive alone, its largest messages at the
 link's byte rate. So each primitive the configuration's algorithm uses is tested by two figures
-of the run's fit (modelling/fit.py): its **latency** (the time of the smallest message measured,
+of the run's fit (modelling/network/fit.py): its **latency** (the time of the smallest message measured,
 what a latency probe reads; a fitted intercept can be negative) and its **per-byte** cost (the
 sustained slope over the largest messages, the link's byte time where the link is the path).
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from modelling.scenario import Scenario
 
-# The primitive each algorithm and comm times its transfers with (modelling/costs.py).
+# The primitive each algorithm and comm times its transfers with (modelling/network/costs.py).
 PRIMITIVES = {("ssgd", "allreduce"): "allreduce", ("ssgd", "ps"): "ps", ("odsgd", "ps"): "ps",
               ("asgd", "ps"): "asgd"}
 LATENCY, PER_BYTE = " latency", " per-byte"
@@ -98,7 +98,7 @@ def _median(values: list[Any]) -> Any:
 
 
 def as_measured(fit: dict[str, Any]) -> dict[str, Any]:
-    """A fit the model prices by its measurements (modelling/costs.py: the measured times for the
+    """A fit the model prices by its measurements (modelling/network/costs.py: the measured times for the
     world they were taken in), whatever its flags. A flag says whether the fitted line may stand
     for the link (a slope faster than the link, a line that noise made flat) and sends the model
     to the stated rate instead; the attribution asks what tonight's measured costs did against

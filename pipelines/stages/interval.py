@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from modelling.calibration import interval
-from modelling.fit import CommModelError, fit_comm
+from modelling.network.fit import CommModelError, fit_comm
 from modelling.predict import predict
 from modelling.scenario import Scenario
 from pipelines.context import RunContext

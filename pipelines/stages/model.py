@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from modelling.calibration import interval
-from modelling.fit import CommModelError, fit_comm
+from modelling.network.fit import CommModelError, fit_comm
 from modelling.validate import summarise, validate_runs
 from pipelines.context import RunContext
 from pipelines.stages.calibration import history_scores

@@ -1,7 +1,7 @@
-"""What a fitted comm model (model.json, modelling/fit.py) says a transfer costs: per
+"""What a fitted comm model (model.json, modelling/network/fit.py) says a transfer costs: per
 primitive and world size, bytes -> seconds, the measurements themselves where they were
 taken for this very world, the fitted constants elsewhere, a what-if or the stated link rate
-for the wire time where given (DESIGN §3). Fitting lives in modelling/fit.py."""
+for the wire time where given (DESIGN §3). Fitting lives in modelling/network/fit.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from modelling.fit import PHYSICS_TOLERANCE, CommModelError, sustained_slope
 from modelling.measure.records import migrate_model
+from modelling.network.fit import PHYSICS_TOLERANCE, CommModelError, sustained_slope
 
 # The two largest point-to-point messages pay the link's byte time between them, to what noise
 # leaves (fit.PHYSICS_TOLERANCE), where the link is their path past its bucket; a faster slope is

@@ -9,7 +9,7 @@ constants from a and b:
 - allreduce (ring, N ranks):     t = 2(N-1) alpha + (N-1)/N M (2 beta + gamma)
 - ps (N workers, S shards, one push and pull round, each of M/S bytes per
   worker and shard): t = 2L (alpha + M/S beta), L the transfers that queue on
-  the busiest link one way (modelling/links.py): N on one host, where they queue
+  the busiest link one way (modelling/network/links.py): N on one host, where they queue
   on the shard's link, copies of the CPUs, latency and all; over full-duplex node
   links, the most one node's uplink or downlink carries (2 workers to a dedicated
   shard node: 2; a shard beside one of them: 1, the other's transfers stay on its
@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from modelling.links import multi_node, ps_link_queue
 from modelling.measure.files import read_json
 from modelling.measure.records import migrate_comm
+from modelling.network.links import multi_node, ps_link_queue
 
 COMM_KIND = "ddlbench-comm"
 # Sustained rate: the slope over the sizes within this factor of the largest.

@@ -1,10 +1,10 @@
 """Where an iteration's transfers run and what each costs: the one place of the model that
 knows the placement (DESIGN §3, §5).
 
-Given a world's `Wire` (the fitted comm model's look-ups, the node of every rank and the
-regimes the microbenchmark measured), the fabric answers for every transfer of an iteration (a worker class's
-push to a shard, a shard's pull back to it, a ring step of an allreduce) its latency, its
-wire time, the CPU time of its copies and the resources it holds. Its link classes are what
+Given a world's `Wire` (modelling/network/wire.py: the fitted comm model read once, the node of every
+rank and the regimes the microbenchmark measured), the fabric answers for every transfer of an
+iteration (a worker class's push to a shard, a shard's pull back to it, a ring step of an
+allreduce) its latency, its wire time, the CPU time of its copies and the resources it holds. Its link classes are what
 the placement has:
 
 - host: every rank on one host (no placement). A rank's transfers queue on its own link, and
@@ -21,11 +21,10 @@ The DAG builders (modelling/dag.py, dag_ps.py) ask it and never look at the plac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from modelling.links import multi_node
+from modelling.network.links import multi_node
 
 if TYPE_CHECKING:
     from modelling.dag import Costs
@@ -55,6 +54,9 @@ class Resource(NamedTuple):
 
 
 NETWORK = Resource("network")
+
+# What a push to a synchronous shard may wait for (Fabric.push_waits).
+OWN_PULL, SENDS_RETURNED, SHARD_PULLS = "own pull", "sends returned", "shard's pulls"
 
 
 def compute(role: str, index: int) -> Resource:
@@ -90,62 +92,33 @@ class Transfer:
         return self.latency_s + self.wire_s
 
 
+@dataclass(frozen=True)
+class Pass:
+    """One pass of an ASGD shard's serial loop for a worker class's pushes: receive, apply,
+    reply. `serve_s` holds the shard's compute and `links` (its copying part `cpu_s`, None:
+    all of it, also `cpus`); `absorbs_s` of it is what a wait for the loop absorbs (bytes
+    that lay in the sockets' buffers meanwhile). Then `tail`, the reply's part that the link
+    still carries while the shard serves on."""
+
+    serve_s: float
+    links: tuple[Resource, ...]
+    cpus: tuple[Resource, ...]
+    cpu_s: float | None
+    absorbs_s: float
+    tail: Transfer
+
+
+class PullEnd(NamedTuple):
+    """When a class's pull from a shard is back: `wait_s` after the last of the pulls of the
+    classes `after` (its own among them) ends."""
+
+    after: tuple[int, ...]
+    wait_s: float = 0.0
+
+
 def _split(workers: int, classes: int) -> list[int]:
     base, extra = divmod(workers, classes)
     return [base + (1 if k < extra else 0) for k in range(classes)]
-
-
-@dataclass
-class Wire:
-    """What the fitted comm model (modelling/costs.py's `CommCosts`) says one world's transfers
-    cost, and what the fabric needs to know of where they run: the placement, the sockets'
-    buffers, and the regimes the microbenchmark measured. Every regime correction of the model
-    is an input here and is applied by `Fabric` alone. Seconds; bytes -> seconds look-ups."""
-
-    allreduce_s: Callable[[int], float] = lambda _m: 0.0  # bytes -> seconds, for this N
-    transfer_s: Callable[[int], float] = lambda _m: 0.0  # one push or pull of m bytes to a shard
-    # Loopback: every rank on one host, where moving bytes is memory copies by the CPUs of
-    # a transfer's two ends: that part holds their compute as well as their links. The
-    # rest of a transfer (latency: waiting for a peer, waking a thread) leaves the CPU free.
-    on_cpu: bool = False
-    allreduce_cpu_s: Callable[[int], float] | None = None  # the copying part; None: all of it
-    transfer_cpu_s: Callable[[int], float] | None = None
-    # The node of every rank (workers, then shards) when placed on several nodes; None: one host.
-    node_of_rank: Sequence[int] | None = None
-    # Placed, what a socket takes of a send before it blocks the sender (modelling/links.py):
-    # an ASGD shard's reply of at most this many bytes leaves it free while the link carries it.
-    send_buffer_bytes: int = 0
-    # Placed, what the two ends' sockets hold of a send while the receiver does not read
-    # (modelling/links.py): within a node, an ASGD push that waits for its shard has at most
-    # this many bytes there when the shard takes it, and passes that much sooner.
-    socket_buffer_bytes: int = 0
-    # Placed, a worker's CPU time to post a round's sends and receives (gloo writes into the
-    # socket from the caller): on OD-SGD's critical path, inside the others' wait.
-    post_s: float = 0.0
-    # Placed, shard bytes -> how much sooner a shard's first remote worker (rank order) has its
-    # pull back than its last, as measured (CommCosts.pull_lead); None or 0: a fair share, all
-    # back together.
-    pull_lead_s: Callable[[int], float] | None = None
-    # Placed, one transfer between two ranks of one node (a colocated shard and its node's
-    # workers): a loopback copy, which crosses no link; None: transfer_s at 0 bytes.
-    local_transfer_s: float | None = None
-    # An emulated cluster's nodes (every rank on one host, transfers on links), the host's
-    # CPU-seconds of one allreduce or ps round, ranks and kernel, as measured (CommCosts.host_cpu):
-    # for the bound of the host's cores (predict.host_cpu_bound), not a task. None: not measured,
-    # or loopback, where the transfers' copying holds the DAG's CPUs instead.
-    host_cpu_s: Callable[[int], float] | None = None
-    # Per worker rank, the model's bytes -> seconds of its ASGD pass (a push to every shard and
-    # the replies, no apply), as the microbenchmark timed it in ASGD's own pattern; None: from
-    # the synchronous round's transfers.
-    asgd_pass_s: Sequence[Callable[[float], float]] | None = None
-    # Per worker rank, the model's bytes -> seconds that the link still carries an ASGD reply
-    # after the shard has returned from sending it, as the microbenchmark timed it; None: the
-    # socket's `send_buffer_bytes` at the link's byte time.
-    asgd_reply_tail_s: Sequence[Callable[[float], float]] | None = None
-    # Placed, the seconds of the link's rate that one direction of a node link passes at once
-    # after a worker's computation, where transfer_s charges its sustained rate
-    # (CommCosts.link_burst: its token bucket); 0: none, or transfer_s holds it already.
-    link_burst_s: float = 0.0
 
 
 class Fabric:
@@ -189,7 +162,7 @@ class Fabric:
             return "host"
         return "loopback" if self.class_node[k] == self.shard_node[s] else "link"
 
-    def links(self, k: int, s: int, push: bool) -> tuple[Resource, ...]:
+    def _links(self, k: int, s: int, push: bool) -> tuple[Resource, ...]:
         """What a push (or pull) between class k and shard s holds: the two ranks' links on one
         host; the node links it crosses; nothing within a node."""
         kind = self.link_class(k, s)
@@ -200,19 +173,19 @@ class Fabric:
         src, dst = (self.class_node[k], self.shard_node[s]) if push else (self.shard_node[s], self.class_node[k])
         return (uplink(src), downlink(dst))
 
-    def cpus(self, k: int, s: int | None = None) -> tuple[Resource, ...]:
+    def _cpus(self, k: int, s: int | None = None) -> tuple[Resource, ...]:
         """The CPUs a loopback transfer on one host copies on: the worker's, and the shard's."""
         if not self.w.on_cpu or self.placed:
             return ()
         return (compute("worker", k),) if s is None else (compute("worker", k), compute("server", s))
 
-    def copy_s(self, nbytes: int, times: float) -> float | None:
+    def _copy_s(self, nbytes: int, times: float) -> float | None:
         """The copying part of `times` transfers of nbytes (None: all of each is copying)."""
         return None if self.w.transfer_cpu_s is None else times * self.w.transfer_cpu_s(nbytes)
 
     # One transfer's time.
 
-    def one(self, k: int, s: int, nbytes: int) -> float:
+    def _one(self, k: int, s: int, nbytes: int) -> float:
         """One transfer of nbytes between class k and shard s. Within a node it crosses no link:
         its latency alone (the ping-pong within the node where measured; else the link's, as a
         loopback copy is no slower), whatever the bytes."""
@@ -228,17 +201,17 @@ class Fabric:
         class. On one host every transfer queues on the shard's link, latency and all (a
         loopback transfer's latency is the CPUs' copies and wake-ups, which queue too)."""
         nbytes, m = self.shard_bytes[s], self.mult[k]
-        one = self.one(k, s, nbytes)
-        links = self.links(k, s, push)
+        one = self._one(k, s, nbytes)
+        links = self._links(k, s, push)
         if self.link_class(k, s) == "link":
-            latency = min(self.one(k, s, 0), one)
+            latency = min(self._one(k, s, 0), one)
             # The direction's bucket, filled while the class computed, passes its share of the
             # round's first bytes at once; the shards across the link share it.
             remote = sum(1 for node in self.shard_node if node != self.class_node[k])
             return Transfer(latency, max(m * (one - latency) - self.w.link_burst_s / remote, 0.0), links)
         if not links:  # within a node: latency only
             return Transfer(m * one, 0.0)
-        return Transfer(0.0, m * one, links, self.cpus(k, s), self.copy_s(nbytes, m))
+        return Transfer(0.0, m * one, links, self._cpus(k, s), self._copy_s(nbytes, m))
 
     def allreduce(self, nbytes: int, cpu: Resource) -> Transfer:
         """One allreduce of nbytes on the ring (the shared network); on loopback its copying
@@ -248,7 +221,7 @@ class Fabric:
         cpu_s = None if w.allreduce_cpu_s is None else w.allreduce_cpu_s(nbytes)
         return Transfer(0.0, w.allreduce_s(nbytes), (NETWORK,), cpus, cpu_s)
 
-    def copy_cpu_s(self, nbytes: int, ring: bool) -> float:
+    def _copy_cpu_s(self, nbytes: int, ring: bool) -> float:
         """The CPU-seconds of copies in one allreduce of nbytes (`ring`) or one PS round (every
         worker's push and pull of each shard's share of nbytes) on one host's loopback: each
         transfer copies at both its ends (into and out of the socket), each rank of a ring
@@ -268,24 +241,25 @@ class Fabric:
         """The host's CPU-seconds of one allreduce of nbytes (`ring`) or one PS round of them
         (`on_one_host`): on an emulated cluster's nodes, as the microbenchmark measured it (ranks
         and kernel alike: the veth links' network stack runs on the same cores); on loopback,
-        the copying (`copy_cpu_s`), as the DAG's tasks hold it. 0 elsewhere."""
+        the copying (`_copy_cpu_s`), as the DAG's tasks hold it. 0 elsewhere."""
         if self.w.host_cpu_s is not None:
             return self.w.host_cpu_s(nbytes)
-        return self.copy_cpu_s(nbytes, ring) if self.w.on_cpu else 0.0
+        return self._copy_cpu_s(nbytes, ring) if self.w.on_cpu else 0.0
 
-    def post_cpu_s(self) -> float:
-        """A worker's CPU time to post a round's sends and receives (gloo writes into the socket
-        from the caller); 0 on one host, where the transfers' copies hold the CPUs instead."""
-        return self.w.post_s
+    def post(self, k: int) -> Transfer:
+        """Class k's posting of a round's sends and receives, before it waits for the model it
+        updates with: CPU time of its own where measured (gloo writes into the socket from the
+        caller); nothing on one host, where the transfers' copies hold the CPUs instead."""
+        return Transfer(0.0, self.w.post_s, (), (compute("worker", k),))
 
-    # A synchronous shard's round: its pulls, sent at once.
+    # A synchronous shard's round: its pulls, sent at once; what the next push waits for.
 
-    def sharing(self, s: int) -> list[int]:
+    def _sharing(self, s: int) -> list[int]:
         """The classes whose pulls from shard s share one link: every class on one host (the
         shard's link); over nodes, the classes off the shard's node (its uplink)."""
         return [k for k in range(len(self.mult)) if self.link_class(k, s) != "loopback"]
 
-    def pull_lead(self, s: int) -> float:
+    def _pull_lead(self, s: int) -> float:
         """How much sooner shard s's first remote class has its pull back than its last. A node's
         uplink is a FIFO queue (the qdisc), not a fair share: the first pull posted leaves
         first. 0 where not measured (or on one host): the pulls share the link and all end
@@ -293,14 +267,38 @@ class Fabric:
         lead = self.w.pull_lead_s
         return lead(self.shard_bytes[s]) if self.placed and lead else 0.0
 
-    def push_waits_for_own_pull(self, s: int) -> bool:
-        """Whether a worker's next push to shard s waits for its own pull (and the shard's sends'
-        return, sends_returned_s), not the shard's last pull. gloo sends a message only once its
-        receiver has posted the receive, and says so on the pair's one connection, behind the
-        bytes it sends the other way; the shard posts its next receives once its sends have
-        returned. Where the pulls' lead is not measured the pulls end together, and the two
-        are one."""
-        return bool(self.placed and self.w.pull_lead_s)
+    def pull_ends(self, s: int) -> list[PullEnd]:
+        """When each class's pull from shard s is back, given when each pull alone would end.
+        The pulls that share the shard's link (`_sharing`) are sent at once. Shared fairly,
+        each ends when the last does; where the first is back `lead` sooner than the last
+        (`_pull_lead`: a FIFO uplink), the j-th of r ends lead (r-1-j)/(r-1) before the last,
+        and no sooner than in queue order. A pull that shares its link with no other ends as
+        it would alone."""
+        classes = range(len(self.mult))
+        remote = self._sharing(s)
+        lead = self._pull_lead(s)
+        if len(remote) < 2:
+            return [PullEnd((k,)) for k in classes]
+        if lead <= 0.0:
+            return [PullEnd(tuple(remote)) if k in remote else PullEnd((k,)) for k in classes]
+        ends = [0.0]  # in queue order
+        for k in remote:
+            ends.append(ends[-1] + self.ps(k, s, False).wire_s)
+        out = [PullEnd((k,)) for k in classes]
+        last, r = ends[-1], len(remote)
+        for j, k in enumerate(remote[:-1]):
+            out[k] = PullEnd((k,), max(last - lead * (r - 1 - j) / (r - 1) - ends[j + 1], 0.0))
+        return out
+
+    def push_waits(self, s: int) -> tuple[str, ...]:
+        """What a worker's next push to shard s waits for, of OWN_PULL (its own pull from s, as
+        `pull_ends` has it back), SENDS_RETURNED (`sends_returned_s` after the shard's update)
+        and SHARD_PULLS (the shard's last pull). gloo sends a message only once its receiver has
+        posted the receive, and says so on the pair's one connection, behind the bytes it sends
+        the other way; the shard posts its next receives once its sends have returned: own pull
+        and sends returned. Where the pulls' lead is not measured the pulls end together, and
+        that is the shard's last pull."""
+        return (OWN_PULL, SENDS_RETURNED) if self.placed and self.w.pull_lead_s else (SHARD_PULLS,)
 
     def sends_returned_s(self, s: int) -> float:
         """How long after its update shard s's sends of the pulls that cross links have all
@@ -309,7 +307,7 @@ class Fabric:
         while the link still carries that much: the pulls' wire time less the bytes the kernel
         holds at the link's byte time, as the microbenchmark timed them in the reply's tail
         where it did, else the send buffer's bytes."""
-        remote = self.sharing(s)
+        remote = self._sharing(s)
         total = self.shard_bytes[s] * len(remote)
         if not total:
             return 0.0
@@ -328,16 +326,34 @@ class Fabric:
 
     # ASGD: a shard's serial loop of receive, apply, reply.
 
-    def asgd_one(self, k: int, s: int) -> float:
+    def asgd_pass(self, k: int, s: int, apply_s: float) -> Pass:
+        """One pass of shard s's loop for class k's `mult[k]` pushes, each applied in `apply_s`.
+        Where the reply crosses a link, the shard goes back to receiving once its socket send
+        has returned (`_reply_on_link`): the pass holds the push's links and the shard, and
+        the reply's last part crosses the pull's links as its tail while the shard serves on.
+        Elsewhere the copies are the transfer and the pass holds it all, with its CPUs on one
+        host; a push within a node that waited for the loop lay in the sockets' buffers
+        meanwhile (`_push_in_buffers`), so the pass is that much sooner once it takes it."""
+        m, one = self.mult[k], self._asgd_one(k, s)
+        on_link = self._reply_on_link(k, s)
+        if on_link is not None:
+            return Pass(m * (one + apply_s) + (m - on_link) * one, self._links(k, s, True), (), None, 0.0,
+                        Transfer(0.0, on_link * one, self._links(k, s, False)))
+        copies = self._copy_s(self.shard_bytes[s], 2 * m)
+        links = tuple(dict.fromkeys(self._links(k, s, True) + self._links(k, s, False)))
+        return Pass(m * (2 * one + apply_s), links, self._cpus(k), None if copies is None else copies + m * apply_s,
+                    m * self._push_in_buffers(k, s) * one, Transfer(0.0, 0.0))
+
+    def _asgd_one(self, k: int, s: int) -> float:
         """One way of class k's ASGD pass with shard s: half the pass the microbenchmark timed
         in ASGD's own pattern (a push to every shard and the replies, of the whole model's
         bytes), where it did; else one transfer."""
         passes = self.w.asgd_pass_s
         if passes is None:
-            return self.one(k, s, self.shard_bytes[s])
+            return self._one(k, s, self.shard_bytes[s])
         return passes[self.first_worker[k]](self.shard_bytes[s] * self.servers) / 2
 
-    def reply_on_link(self, k: int, s: int) -> float | None:
+    def _reply_on_link(self, k: int, s: int) -> float | None:
         """The fraction of shard s's reply to class k that a link still carries once the shard
         has returned from sending it: a socket send returns once the kernel has taken the
         bytes (the socket's send buffer, the qdisc's queue and TCP's window hold them), so the
@@ -347,13 +363,13 @@ class Fabric:
         link (one host, within a node): there the copy is the transfer, and the loop holds it."""
         if self.link_class(k, s) != "link":
             return None
-        nbytes, one = self.shard_bytes[s], self.asgd_one(k, s)
+        nbytes, one = self.shard_bytes[s], self._asgd_one(k, s)
         if not nbytes or one <= 0:
             return 1.0
-        wire = max(self.one(k, s, nbytes) - self.one(k, s, 0), 0.0)  # the reply's bytes on the link
+        wire = max(self._one(k, s, nbytes) - self._one(k, s, 0), 0.0)  # the reply's bytes on the link
         return min(self._held_s(k, nbytes, wire) / one, 1.0)
 
-    def push_in_buffers(self, k: int, s: int) -> float:
+    def _push_in_buffers(self, k: int, s: int) -> float:
         """The fraction of a push within a node that lies in the two ends' socket buffers while
         it waits for the shard's loop (the sender's send buffer and the receiver's receive
         buffer fill before the send blocks), and so passes that much sooner once taken. 0 on
@@ -362,4 +378,3 @@ class Fabric:
         if self.link_class(k, s) != "loopback" or not nbytes:
             return 0.0
         return min(self.w.socket_buffer_bytes / nbytes, 1.0)
-
