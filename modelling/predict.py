@@ -10,12 +10,11 @@ from modelling.calibration import domain
 from modelling.cores import on_shared_cores
 from modelling.dag import Costs, Plan, comm_groups, without_compute
 from modelling.measure.layers import LayersError, check_layers
-from modelling.measure.records import migrate_layers
+from modelling.measure.links import multi_node
+from modelling.measure.records import CommModelError, migrate_layers
 from modelling.memory import MEMORY_FIGURES, does_not_fit, predict_memory
 from modelling.network.costs import CommCosts
 from modelling.network.fabric import Fabric, compute
-from modelling.network.fit import CommModelError
-from modelling.network.links import multi_node
 from modelling.network.wire import wire_of
 from modelling.plan import build_plan
 from modelling.scenario import Scenario

@@ -20,7 +20,8 @@ from typing import Any
 
 from modelling.measure.files import read_json
 from modelling.measure.layers import LayersError, check_layers, load_layers
-from modelling.network.fit import fit_comm, load_comm, load_comm_model
+from modelling.measure.records import load_comm
+from modelling.network.fit import fit_comm, load_comm_model
 from modelling.predict import predict
 from modelling.scenario import Scenario
 

@@ -21,8 +21,6 @@ from pipelines.spec import BenchSpec
 from pipelines.tracking import Tracker
 from pipelines.tracking.uri import resolve_uri
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 class RunContext(BaseModel):
     """What identifies a pipeline run and where it keeps its files and results."""
@@ -73,11 +71,6 @@ def as_context(ctx: dict[str, Any] | RunContext) -> RunContext:
 
 def load_context(run_dir: Path | str) -> RunContext:
     return RunContext.model_validate_json(RunDir(run_dir).ctx.read_text())
-
-
-def default_home() -> Path:
-    """ddlbench home: $DDLBENCH_HOME, else .ddlbench in the repository."""
-    return Path(os.environ.get("DDLBENCH_HOME") or REPO / ".ddlbench")
 
 
 def default_tracking_uri(home: Path) -> str:

@@ -1,11 +1,14 @@
 """The run directory's layout: `RunDir` names every path of `<home>/runs/<run_key>/`, so no stage
-spells one as a string literal (DESIGN §1). Paths only: the run context (pipelines/context.py) and
-the tracking (pipelines/tracking/) both read it, and it imports nothing of theirs."""
+spells one as a string literal (DESIGN §1), and the home the runs live in. Paths only: the run
+context (pipelines/context.py), the spec's trigger scope and the tracking (pipelines/tracking/)
+read it, and it imports nothing of theirs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 STATUS = "status.json"  # a pipeline run's outcome, written by its last step
 
 
@@ -80,3 +83,8 @@ class RunDir:
     def recorded(self, step: str) -> Path:
         """A finished step's result: its presence makes the step run once."""
         return self.root / "steps" / f"{step}.json"
+
+
+def default_home() -> Path:
+    """ddlbench home: $DDLBENCH_HOME, else .ddlbench in the repository."""
+    return Path(os.environ.get("DDLBENCH_HOME") or REPO / ".ddlbench")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.context import as_context, default_home, default_tracking_uri
+from pipelines.context import as_context, default_tracking_uri
+from pipelines.rundir import default_home
 from pipelines.stages import STAGES, stage
 from pipelines.stages.lifecycle import sync
 

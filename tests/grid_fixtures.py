@@ -60,7 +60,8 @@ def measured(grid: Path) -> dict[str, float]:
 def predictions(grid: Path) -> dict[str, dict[str, Any]]:
     """Per pinned scenario: the model's iteration, compute and comm, from the grid's own files."""
     from modelling.measure.layers import load_layers
-    from modelling.network.fit import fit_comm, load_comm
+    from modelling.measure.records import load_comm
+    from modelling.network.fit import fit_comm
     from modelling.predict import predict
     from modelling.scenario import Scenario
 

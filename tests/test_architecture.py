@@ -5,6 +5,7 @@ pyproject.toml."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -18,13 +19,13 @@ LINT = Path(sys.executable).with_name("lint-imports")
 def _floors() -> list[str]:
     """The floors, top first, as the layers contract lists them."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
-    [layers] = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    [layers] = [c["layers"] for c in config["contracts"] if c["type"] == "layers" and "containers" not in c]
     return layers
 
 
-def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+def _lint(root: Path, config: Path = REPO / "pyproject.toml") -> subprocess.CompletedProcess[str]:
     env = os.environ | {"PYTHONPATH": str(root)}
-    return subprocess.run([str(LINT), "--config", str(REPO / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
+    return subprocess.run([str(LINT), "--config", str(config), "--no-cache"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -49,7 +50,13 @@ def test_an_import_up_a_floor_breaks_the_contract(tmp_path: Path) -> None:
     for i, (low, high) in enumerate(pairs):
         body = f"import {high}.leaf\n" if i % 2 else f"def late():\n    from {high} import leaf\n"
         (tmp_path / low / f"up_{i}.py").write_text(body)
-    done = _lint(tmp_path)
+    # The floors' contract alone: the packages' own contracts name sub-packages this tree lacks.
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    floors_only = [c for c in config["contracts"] if "containers" not in c]
+    (tmp_path / "floors.toml").write_text(
+        f"[tool.importlinter]\nroot_packages = {json.dumps(config['root_packages'])}\n\n"
+        "[[tool.importlinter.contracts]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in floors_only[0].items()))
+    done = _lint(tmp_path, tmp_path / "floors.toml")
     assert done.returncode != 0, done.stdout
     for low, high in pairs:
         assert f"{low} is not allowed to import {high}" in done.stdout, (low, high, done.stdout[-3000:])
@@ -197,3 +204,37 @@ def test_the_shim_check_sees_a_shim_and_a_private_import(tmp_path: Path) -> None
     assert _shims_and_private_imports(tmp_path) == [
         "modelling/old.py: module __getattr__", "modelling/old.py: modelling.predict._decided",
         "modelling/old.py: pipelines.stages._private"]
+
+
+def test_a_package_importing_up_its_packages_layers_breaks_their_contract(tmp_path: Path) -> None:
+    """For each package's own contract (modelling: network over measure; pipelines: cli over
+    stages over report and tracking over spec): a tree where every layer imports every layer
+    above it, and report and tracking each other, is refused by name."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    packages = [c for c in config["contracts"] if "containers" in c]
+    assert {c["containers"][0] for c in packages} == {"modelling", "pipelines"}
+    expected = []
+    for contract in packages:
+        [container] = contract["containers"]
+        layers = [[m.strip() for m in layer.split("|")] for layer in contract["layers"]]
+        (tmp_path / container).mkdir()
+        (tmp_path / container / "__init__.py").write_text("")
+        for modules in layers:
+            for m in modules:
+                (tmp_path / container / m).mkdir()
+                (tmp_path / container / m / "__init__.py").write_text("")
+        for i, low in enumerate(layers):
+            above = [m for layer in layers[:i] for m in layer] + [m for m in low if len(low) > 1]
+            for m in low:
+                ups = [u for u in above if u != m]
+                (tmp_path / container / m / "up.py").write_text("".join(f"import {container}.{u}\n" for u in ups))
+                expected += [f"{container}.{m} is not allowed to import {container}.{u}" for u in ups]
+    floors = [c for c in config["contracts"] if "containers" not in c][0]["layers"]
+    for name in set(floors) - {c["containers"][0] for c in packages}:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    done = _lint(tmp_path)
+    assert done.returncode != 0, done.stdout
+    assert len(expected) == 12  # measure 1; stages 1, report 3 (tracking beside it), tracking 3, spec 4
+    missing = [line for line in expected if line not in done.stdout]
+    assert missing == [], done.stdout[-3000:]

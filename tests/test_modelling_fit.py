@@ -8,8 +8,9 @@ import random
 import pytest
 
 from infra.units import parse_bandwidth
+from modelling.measure.records import CommModelError
 from modelling.network.costs import CommCosts
-from modelling.network.fit import CommModelError, fit_comm, load_comm_model
+from modelling.network.fit import fit_comm, load_comm_model
 
 SIZES = [4096 * 4**i for i in range(7)]
 

@@ -43,7 +43,7 @@ def test_a_ps_round_on_shaped_links_fits_the_links_rate(tmp_path, nodes: int, po
         comm = run_microbench(2, 1, tmp_path, provider=provider, sizes=SIZES, repeats=3, link_bytes_per_s=RATE)
     assert comm["environment"]["nodes"] == nodes
     # The send-buffer ceiling of the ranks' namespaces, which sets how much of an ASGD reply the
-    # shard's socket takes (modelling/network/links.py): a namespace starts with the kernel's default.
+    # shard's socket takes (modelling/measure/links.py): a namespace starts with the kernel's default.
     assert comm["environment"]["tcp_wmem_max"] >= 1 << 20
     # And the receive buffer's, which holds a waiting push within a node (ASGDPlan).
     assert comm["environment"]["tcp_rmem_max"] >= 1 << 20

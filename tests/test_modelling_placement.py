@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.placement import place
+from modelling.measure.links import ps_link_queue
 from modelling.network.costs import CommCosts
 from modelling.network.fit import fit_comm
-from modelling.network.links import ps_link_queue
 from modelling.plan import build_plan
 from modelling.predict import build_costs, expected_straggle, predict
 from modelling.scenario import Scenario
@@ -664,7 +664,7 @@ def test_an_asgd_worker_that_laps_the_others_is_a_pace_not_an_error(mbit: int) -
 )
 def test_the_microbenchmark_times_a_pair_for_each_link_class_of_the_placement(
         workers, servers, nodes, policy, kw, link, loopback) -> None:
-    from modelling.network.links import p2p_pairs
+    from modelling.measure.links import p2p_pairs
 
     node_of_rank = place(workers, servers, nodes, policy, **kw).node_of_rank
     pairs = p2p_pairs(workers, node_of_rank if nodes > 1 else None)
@@ -699,7 +699,7 @@ def test_every_placement_times_each_link_class_it_uses(workers, servers, nodes, 
     wherever the job spans several, and a loopback pair is timed wherever some node runs two
     ranks; every pair is two distinct ranks of the job, workers where workers can serve."""
     from infra.placement import PlacementError
-    from modelling.network.links import p2p_pairs
+    from modelling.measure.links import p2p_pairs
 
     try:
         node_of_rank = place(workers, servers, nodes, policy, devices_per_node=per_node).node_of_rank

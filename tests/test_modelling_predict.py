@@ -359,7 +359,7 @@ def test_a_scenario_the_model_cannot_predict_is_a_row_that_says_why() -> None:
     """No ps fit and no p2p fit: a PS world cannot be costed. Strict (the default), it raises a
     CommModelError as before; otherwise its row has no figures and the reason, and the other
     worlds are predicted."""
-    from modelling.network.fit import CommModelError
+    from modelling.measure.records import CommModelError
     from modelling.predict import FIGURES
 
     allreduce_only = {**COMM, "fits": [f for f in COMM["fits"] if f["primitive"] == "allreduce"]}
@@ -379,7 +379,8 @@ def test_the_predict_stage_writes_a_row_for_every_configuration_predicted_or_not
     with its ps fit gone, every PS configuration is a `no_prediction` row, the allreduce ones
     are predicted, and nothing raises."""
     from modelling.measure.layers import load_layers
-    from modelling.network.fit import fit_comm, load_comm
+    from modelling.measure.records import load_comm
+    from modelling.network.fit import fit_comm
     from pipelines.spec import load_spec
     from pipelines.stages.grid import predictions
     from tests.grid_fixtures import GRIDS
@@ -403,7 +404,7 @@ def _placed_comm(alpha: float, beta: float, gamma: float, workers: int, servers:
     PS round's latencies overlap and its bytes queue on the busiest link (fit.py). Where the
     host has fewer cores than ranks, it measured the host's CPU time of a round as well: the
     nodes are namespaces of one host, whose cores every rank shares."""
-    from modelling.network.links import ps_link_queue
+    from modelling.measure.links import ps_link_queue
 
     comm = synthetic_comm(alpha, beta, gamma, workers=workers, servers=servers)
     queue = ps_link_queue(workers, servers, node_of_rank) or 1
@@ -572,7 +573,8 @@ def test_validation_keeps_a_measured_row_for_a_configuration_it_cannot_predict()
     measured row with the reason in place of the prediction and its errors, the allreduce run
     is validated as before, and the summary's errors are over the predicted configurations."""
     from modelling.measure.layers import load_layers
-    from modelling.network.fit import fit_comm, load_comm
+    from modelling.measure.records import load_comm
+    from modelling.network.fit import fit_comm
     from modelling.validate import validate_runs
     from tests.grid_fixtures import GRIDS
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelling.network.fit import fit_comm, load_comm
+from modelling.measure.records import load_comm
+from modelling.network.fit import fit_comm
 from modelling.validate import MIN_INSITU_SAMPLES, validate_runs
 from pipelines.report.validation import validation_markdown
 from tests.grid_fixtures import GRIDS, link_rate

@@ -392,7 +392,8 @@ def test_predict_from_a_hardware_label_is_predict_from_its_profiles_files(tmp_pa
     from mlflow import MlflowClient
 
     from modelling.measure.layers import load_layers
-    from modelling.network.fit import fit_comm, load_comm
+    from modelling.measure.records import load_comm
+    from modelling.network.fit import fit_comm
     from pipelines.cli import cli
 
     grid = REPO / "tests" / "fixtures" / "grids" / "onehost"

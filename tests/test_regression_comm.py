@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modelling.network.fit import fit_comm, load_comm
+from modelling.measure.records import load_comm
+from modelling.network.fit import fit_comm
 from pipelines.report import attribution, regression_text
 from pipelines.report import regression_comm as rcomm
 from pipelines.report import regression_components as rc

@@ -176,7 +176,8 @@ def test_an_unslowed_night_raises_few_component_alarms() -> None:
 def test_the_model_attributes_a_slower_layer_by_re_predicting_the_baseline() -> None:
     """The fixture grid's profile and comm fit, a summary of its runs: the baseline's iteration
     re-predicted with one layer's backward doubled explains what the model's iteration moves."""
-    from modelling.network.fit import fit_comm, load_comm
+    from modelling.measure.records import load_comm
+    from modelling.network.fit import fit_comm
 
     profile = json.loads((GRID / "layers.json").read_text())
     comm = fit_comm(load_comm(GRID / "comm.json"))

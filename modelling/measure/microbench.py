@@ -17,7 +17,7 @@ from infra import Job
 from infra.hostload import CpuProbe
 from infra.local import LocalProvider
 from modelling.measure.configs import DEFAULT_SIZES, MicrobenchConfig
-from modelling.network.fit import load_comm
+from modelling.measure.records import load_comm
 from training.config import Device
 
 __all__ = ["DEFAULT_SIZES", "MicrobenchConfig", "MicrobenchFailed", "cuda_missing", "run_config", "run_microbench"]

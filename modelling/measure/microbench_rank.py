@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from modelling.measure.links import p2p_pairs, tcp_rmem_max, tcp_wmem_max
 from modelling.measure.microbench_clock import (
     HOST_CPU_LOOP_S,
     clock_offsets,
@@ -47,9 +48,7 @@ from modelling.measure.microbench_clock import (
     trimmed_mean,
 )
 from modelling.measure.microbench_device import backend_of, pin_device, rank_device
-from modelling.measure.records import SCHEMA_VERSION
-from modelling.network.fit import COMM_KIND
-from modelling.network.links import p2p_pairs, tcp_rmem_max, tcp_wmem_max
+from modelling.measure.records import COMM_KIND, SCHEMA_VERSION
 
 ASGD_PASSES = 50  # the most passes per worker and size that ASGD's pattern is timed for
 
@@ -286,7 +285,7 @@ def _environment(world: int) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "world_size": world,
         "python": platform.python_version(),
-        "tcp_wmem_max": tcp_wmem_max(),  # how much of a send its socket absorbs (modelling/network/links.py)
+        "tcp_wmem_max": tcp_wmem_max(),  # how much of a send its socket absorbs (modelling/measure/links.py)
         "tcp_rmem_max": tcp_rmem_max(),  # and the receiver's, while it does not read
     }
 

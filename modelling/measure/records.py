@@ -10,11 +10,17 @@ Version 2: every field written.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from modelling.measure.files import read_json
+
 SCHEMA_VERSION = 2
+
+
+COMM_KIND = "ddlbench-comm"
 
 
 class _Record(BaseModel):
@@ -124,7 +130,7 @@ def _first_error(err: ValidationError) -> str:
 
 
 def migrate_comm(data: dict[str, Any], source: str = "comm") -> dict[str, Any]:
-    """comm.json of any version as the current one (a plain dict; ValueError naming the field)."""
+    """comm.json of any version as the current one (a plain dict; CommModelError naming the field)."""
     rows = []
     for row in data.get("measurements") or []:
         row = dict(row)
@@ -134,7 +140,7 @@ def migrate_comm(data: dict[str, Any], source: str = "comm") -> dict[str, Any]:
     try:
         record = CommFile.model_validate({**data, "measurements": rows, "schema_version": SCHEMA_VERSION})
     except ValidationError as err:
-        raise ValueError(f"{source}: {_first_error(err)}") from None
+        raise CommModelError(f"{source}: {_first_error(err)}") from None
     return record.model_dump()
 
 
@@ -153,3 +159,17 @@ def migrate_layers(data: dict[str, Any], source: str = "layers") -> dict[str, An
     except ValidationError as err:
         raise ValueError(f"{source}: {_first_error(err)}") from None
     return record.model_dump()
+
+
+class CommModelError(ValueError):
+    """A comm.json or model.json is missing, truncated or not ours; the message names the file."""
+
+
+def load_comm(path: Path) -> dict[str, Any]:
+    """comm.json, brought up to the current schema (modelling/measure/records.py)."""
+    data = read_json(path, "comm.json file", CommModelError)
+    if data.get("kind") != COMM_KIND or not isinstance(data.get("measurements"), list):
+        raise CommModelError(
+            f"{path}: not a ddlbench comm.json (kind {data.get('kind')!r}); write one with `ddlbench microbench`"
+        )
+    return migrate_comm(data, str(path))

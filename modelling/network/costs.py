@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from modelling.measure.records import migrate_model
-from modelling.network.fit import PHYSICS_TOLERANCE, CommModelError, sustained_slope
+from modelling.measure.records import CommModelError, migrate_model
+from modelling.network.fit import PHYSICS_TOLERANCE, sustained_slope
 
 # The two largest point-to-point messages pay the link's byte time between them, to what noise
 # leaves (fit.PHYSICS_TOLERANCE), where the link is their path past its bucket; a faster slope is

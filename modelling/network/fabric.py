@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from modelling.network.links import multi_node
+from modelling.measure.links import multi_node
 
 if TYPE_CHECKING:
     from modelling.dag import Costs

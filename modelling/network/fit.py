@@ -9,7 +9,7 @@ constants from a and b:
 - allreduce (ring, N ranks):     t = 2(N-1) alpha + (N-1)/N M (2 beta + gamma)
 - ps (N workers, S shards, one push and pull round, each of M/S bytes per
   worker and shard): t = 2L (alpha + M/S beta), L the transfers that queue on
-  the busiest link one way (modelling/network/links.py): N on one host, where they queue
+  the busiest link one way (modelling/measure/links.py): N on one host, where they queue
   on the shard's link, copies of the CPUs, latency and all; over full-duplex node
   links, the most one node's uplink or downlink carries (2 workers to a dedicated
   shard node: 2; a shard beside one of them: 1, the other's transfers stay on its
@@ -39,19 +39,14 @@ from typing import Any
 import numpy as np
 
 from modelling.measure.files import read_json
-from modelling.measure.records import migrate_comm
-from modelling.network.links import multi_node, ps_link_queue
+from modelling.measure.links import multi_node, ps_link_queue
+from modelling.measure.records import COMM_KIND, CommModelError, migrate_comm
 
-COMM_KIND = "ddlbench-comm"
 # Sustained rate: the slope over the sizes within this factor of the largest.
 SUSTAINED_RANGE = 16
 # A sustained beta this far below the link's byte time is measurement noise, not physics broken.
 PHYSICS_TOLERANCE = 0.02
 MODEL_KIND = "ddlbench-comm-model"
-
-
-class CommModelError(ValueError):
-    """A comm.json or model.json is missing, truncated or not ours; the message names the file."""
 
 
 def _line(sizes: np.ndarray, times: np.ndarray, through_origin: bool = False) -> tuple[float, float]:
@@ -121,7 +116,7 @@ def fit_comm(comm: dict[str, Any], *, link_bytes_per_s: float | None = None) -> 
     """model.json content: one fit per primitive and world size."""
     if comm.get("kind") != COMM_KIND or not isinstance(comm.get("measurements"), list):
         raise CommModelError("comm: not a ddlbench comm.json (no 'measurements' of kind ddlbench-comm)")
-    comm = _migrated(comm, "comm")
+    comm = migrate_comm(comm, "comm")
     link = link_bytes_per_s or comm.get("link_bytes_per_s")
     groups = _grouped(comm)
     placed = _placements(comm)
@@ -233,23 +228,6 @@ def _placements(comm: dict[str, Any]) -> dict[tuple[int, int], list[int]]:
         if row["node_of_rank"] is not None:
             out.setdefault((int(row["workers"]), int(row["servers"])), list(row["node_of_rank"]))
     return out
-
-
-def _migrated(comm: dict[str, Any], source: str) -> dict[str, Any]:
-    try:
-        return migrate_comm(comm, source)
-    except ValueError as err:
-        raise CommModelError(str(err)) from None
-
-
-def load_comm(path: Path) -> dict[str, Any]:
-    """comm.json, brought up to the current schema (modelling/measure/records.py)."""
-    data = read_json(path, "comm.json file", CommModelError)
-    if data.get("kind") != COMM_KIND or not isinstance(data.get("measurements"), list):
-        raise CommModelError(
-            f"{path}: not a ddlbench comm.json (kind {data.get('kind')!r}); write one with `ddlbench microbench`"
-        )
-    return _migrated(data, str(path))
 
 
 def load_comm_model(path: Path) -> dict[str, Any]:

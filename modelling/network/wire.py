@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from modelling.measure.links import multi_node, send_buffer_bytes, socket_buffer_bytes
+from modelling.measure.records import CommModelError
 from modelling.network.costs import CommCosts
-from modelling.network.fit import CommModelError
-from modelling.network.links import multi_node, send_buffer_bytes, socket_buffer_bytes
 from modelling.scenario import Scenario
 from training.config import Algorithm, Comm
 
@@ -32,11 +32,11 @@ class Wire:
     transfer_cpu_s: Callable[[int], float] | None = None
     # The node of every rank (workers, then shards) when placed on several nodes; None: one host.
     node_of_rank: Sequence[int] | None = None
-    # Placed, what a socket takes of a send before it blocks the sender (modelling/network/links.py):
+    # Placed, what a socket takes of a send before it blocks the sender (modelling/measure/links.py):
     # an ASGD shard's reply of at most this many bytes leaves it free while the link carries it.
     send_buffer_bytes: int = 0
     # Placed, what the two ends' sockets hold of a send while the receiver does not read
-    # (modelling/network/links.py): within a node, an ASGD push that waits for its shard has at most
+    # (modelling/measure/links.py): within a node, an ASGD push that waits for its shard has at most
     # this many bytes there when the shard takes it, and passes that much sooner.
     socket_buffer_bytes: int = 0
     # Placed, a worker's CPU time to post a round's sends and receives (gloo writes into the

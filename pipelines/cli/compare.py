@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from pipelines.context import default_home, default_tracking_uri
+from pipelines.context import default_tracking_uri
 from pipelines.report.hardware import compare_runs, compared_runs, hardware_ratios
+from pipelines.rundir import default_home
 
 
 def _day(value: str | None) -> int | None:

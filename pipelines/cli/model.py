@@ -13,12 +13,14 @@ import click
 
 from infra.credentials import mask_secrets
 from modelling.measure.layers import check_layers, load_layers
+from modelling.measure.records import load_comm
 from modelling.memory import human_bytes
 from modelling.scenario import Scenario
 from pipelines.cli.common import PATH, bandwidth, fail, int_list, print_rows
 from pipelines.cli.measure import microbench, profile
 from pipelines.cli.validate import validate
-from pipelines.context import default_home, default_tracking_uri
+from pipelines.context import default_tracking_uri
+from pipelines.rundir import default_home
 
 
 @click.command("fit")
@@ -32,7 +34,7 @@ from pipelines.context import default_home, default_tracking_uri
 @click.option("--out", type=PATH, required=True, help="Where to write model.json.")
 def fit(comm_path: Path, link_bandwidth: float | None, out: Path) -> None:
     """Fit alpha, beta (and gamma) per primitive and world size."""
-    from modelling.network.fit import fit_comm, load_comm
+    from modelling.network.fit import fit_comm
 
     try:
         model = fit_comm(load_comm(comm_path), link_bytes_per_s=link_bandwidth)

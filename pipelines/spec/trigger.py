@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.options import excerpt, one_line
-from pipelines.context import REPO, default_home
+from pipelines.rundir import REPO, default_home
 from pipelines.spec.load import SpecError, check_overrides, field_name, one_error
 
 SPEC_DIRS_ENV = "DDLBENCH_SPEC_DIRS"

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from modelling.calibration import interval
-from modelling.network.fit import CommModelError, fit_comm
+from modelling.measure.records import CommModelError
+from modelling.network.fit import fit_comm
 from modelling.predict import predict
 from modelling.scenario import Scenario
 from pipelines.context import RunContext

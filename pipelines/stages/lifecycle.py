@@ -13,9 +13,9 @@ from typing import Any
 
 from infra import ProviderError
 from infra.options import excerpt
-from pipelines.context import REPO, RunContext, default_home, default_tracking_uri, load_context
+from pipelines.context import RunContext, default_tracking_uri, load_context
 from pipelines.preflight import preflight
-from pipelines.rundir import RunDir
+from pipelines.rundir import REPO, RunDir, default_home
 from pipelines.spec import BenchSpec, SpecError, flatten, grid, load_spec
 from pipelines.spec.load import load_file
 from pipelines.spec.trigger import check_trigger, check_trigger_provider, spec_file

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from modelling.calibration import interval
-from modelling.network.fit import CommModelError, fit_comm
+from modelling.measure.records import CommModelError
+from modelling.network.fit import fit_comm
 from modelling.validate import summarise, validate_runs
 from pipelines.context import RunContext
 from pipelines.stages.calibration import history_scores
