@@ -10,6 +10,7 @@ import pytest
 
 from infra import Job
 from infra.local import LocalProvider
+from modelling.measure.microbench import run_microbench
 from tests.clock_probe import LATE_S
 
 
@@ -30,3 +31,24 @@ def test_an_operation_is_timed_from_its_last_ranks_arrival_on_one_clock(tmp_path
     assert all(own >= late for own, late in zip(clock["own"], clock["late"], strict=True)), clock
     assert statistics.median(clock["aligned"]) < LATE_S / 2, clock["aligned"]
     assert all(0 <= a < own for a, own in zip(clock["aligned"], clock["own"], strict=True))
+
+
+@pytest.mark.slow  # two microbenchmark jobs
+def test_the_hosts_cpu_per_round_is_read_only_where_the_model_uses_it(tmp_path):
+    """On loopback the model holds a transfer's copying on the ranks' CPUs and never reads the
+    host's CPU per round, so the microbenchmark does not spend its half-second loops on it;
+    with a link of stated rate between the ranks of one host it does, and the fit has it."""
+    from modelling.network.costs import CommCosts
+    from modelling.network.fit import fit_comm
+    from modelling.predict import loopback
+
+    sizes = [4096, 65536]
+    looped = run_microbench(2, 1, tmp_path / "loopback", sizes=sizes, repeats=3)
+    linked = run_microbench(2, 1, tmp_path / "linked", sizes=sizes, repeats=3, link_bytes_per_s=1.25e8)
+    rounds = ("allreduce", "ps")
+    assert [m["host_cpu_s"] for m in looped["measurements"] if m["primitive"] in rounds] == [None] * 4
+    assert all(m["host_cpu_s"] > 0 and m["host_cpu_wall_s"] > 0
+               for m in linked["measurements"] if m["primitive"] in rounds)
+    assert loopback(looped) and not loopback(linked)
+    assert CommCosts(fit_comm(looped)).host_cpu("ps", 2, 1) is None
+    assert CommCosts(fit_comm(linked)).host_cpu("ps", 2, 1)(65536) > 0

@@ -7,10 +7,11 @@ N..N+S-1 shards, as in training. With shards, ASGD's pass is timed too, in ASGD'
 pattern (`_asgd_passes`): a synchronous round does not show what one worker's push and pull
 cost while the others compute. Every rank stamps every operation on rank 0's clock
 (clock_offsets); an operation's time is from its last rank's start to its last rank's end
-(median and trimmed mean over repeats), and rank 0 writes OUT_DIR/comm.json. Rank 0 also
-reads the host's busy CPU time around every allreduce and PS loop (host_cpu_s): where
-every rank shares one host (loopback, or an emulated cluster of network namespaces),
-what the host's cores spend on moving the bytes, in the ranks and in the kernel.
+(median and trimmed mean over repeats), and rank 0 writes OUT_DIR/comm.json. Where every
+rank shares one host but talks over links (an emulated cluster of network namespaces, or a
+link of stated rate), rank 0 also reads the host's busy CPU time around every allreduce and
+PS loop (host_cpu_s): what the host's cores spend on moving the bytes, in the ranks and in
+the kernel.
 With device cuda the allreduce runs on GPU tensors (modelling/measure/microbench_device.py).
 """
 
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from modelling.measure.links import p2p_pairs, tcp_rmem_max, tcp_wmem_max
+from modelling.measure.links import multi_node, p2p_pairs, tcp_rmem_max, tcp_wmem_max
 from modelling.measure.microbench_clock import (
     HOST_CPU_LOOP_S,
     clock_offsets,
@@ -124,7 +125,12 @@ def run(out: Path) -> int:
     offset = clock_offsets()[rank]
     hosts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, platform.node())
-    one_host = len(set(hosts)) == 1  # every rank on this host's cores: measure what comm costs them
+    # Every rank on this host's cores but talking over links (an emulated cluster's nodes, or a
+    # link of stated rate): what moving the bytes costs the host's cores, ranks and kernel, is
+    # read around the loops. On loopback it is not: there the model holds the transfers' own
+    # copying on the ranks' CPUs (modelling/predict.py's `loopback`), and never reads it.
+    on_links = multi_node(placed.get("node_of_rank")) or spec.get("link_bytes_per_s") is not None
+    host_cpu = len(set(hosts)) == 1 and on_links
     for nbytes in spec["sizes"]:
         numel = max(nbytes // 4, 1)
         buf = torch.ones(numel, pin_memory=dev.pin)
@@ -133,7 +139,7 @@ def run(out: Path) -> int:
             busy = (host_busy_s(), time.monotonic()) if rank == 0 else None
             stamps = timed(op, repeats, gap, computes=rank < n, offset_s=offset)
             row = _row("allreduce", n, 0, numel * 4, round_times(stamps, range(n)))
-            if one_host:
+            if host_cpu:
                 row |= host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
             rows.append(row)
         for primitive, (a, b) in pairs.items():  # one ping-pong per link class the placement uses
@@ -152,7 +158,7 @@ def run(out: Path) -> int:
             row = _row("ps", n, s, numel * 4, round_times(stamps, range(n))) | placed
             row["post_s"] = _median_post(posts[1:], n)  # the first: the warm-up
             row["pull_lead_s"] = _pull_lead(stamps, n, placed.get("node_of_rank"))
-            if one_host:
+            if host_cpu:
                 op = lambda b=buf, r=recv: _push_pull(b, r, rank, n, s, timeout)  # noqa: E731
                 row |= host_cpu_s(op, row["times_s"], busy, gap, rank < n, n)
             rows.append(row)
