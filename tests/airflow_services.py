@@ -24,6 +24,7 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 POOLS = REPO / "infra" / "deploy" / "airflow" / "pools.json"
+SETTINGS = REPO / "infra" / "deploy" / "airflow" / "config"
 PG = {"host": "127.0.0.1", "port": 5432, "user": os.environ.get("DDLBENCH_PG_ROLE", "ddlbench"),
       "password": os.environ.get("DDLBENCH_PG_PASSWORD", "ddlbench")}
 TERMINAL = {"success", "failed"}
@@ -98,6 +99,8 @@ class AirflowServices:
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            # The deployment's local settings, as infra/deploy/airflow/env.sh puts them.
+            "PYTHONPATH": os.pathsep.join([str(SETTINGS), *filter(None, [os.environ.get("PYTHONPATH")])]),
             **(env or {}),
         }
         self.env.pop("MLFLOW_TRACKING_URI", None)  # each run's home holds its own store

@@ -97,6 +97,11 @@ def _run(airflow: AirflowServices, dag_id: str, conf: dict[str, Any], home: Path
     return run, airflow.task_instances(dag_id, run_id), watch, wall
 
 
+def _mapped(pid: int) -> str:
+    """The files process `pid` has mapped (its loaded libraries)."""
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
 def _states(tis: list[dict[str, Any]]) -> dict[str, str]:
     return {f"{t['task_id']}[{t['map_index']}]" if t["map_index"] >= 0 else t["task_id"]: t["state"] for t in tis}
 
@@ -109,6 +114,10 @@ def test_nightly_runs_to_success_under_the_scheduler(airflow: AirflowServices, t
     assert run["state"] == "success", f"{states}\n{airflow.log_tail('scheduler')}"
     assert all_succeeded(states), states
     assert len([t for t in tis if t["task_id"] == "train"]) == 3  # the smoke grid
+    # The scheduler, which forks every task, imported what they import (the deployment's
+    # airflow_local_settings.py); the API server, which forks none, did not.
+    assert "libtorch" in _mapped(airflow.procs["scheduler"].pid)
+    assert "libtorch" not in _mapped(airflow.procs["api-server"].pid)
 
     ctx, runs = _mlflow_runs(home)
     assert {r.info.status for r in runs} == {"FINISHED"}

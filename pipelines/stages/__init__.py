@@ -10,6 +10,7 @@ the journal; see runner.py for how a stage runs once per run key.
 
 from __future__ import annotations
 
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -70,4 +71,23 @@ def stage(name: str) -> Stage:
     raise KeyError(f"no stage {name!r}; the stages are {', '.join(s.name for s in STAGES)}")
 
 
-__all__ = ["STAGES", "Stage", "stage"]
+# The project's packages, and what their functions import when a stage runs (the modules'
+# tops import the rest): what a task process would otherwise import itself.
+PROJECT = ("infra", "training", "modelling", "pipelines")
+IMPORTED_WHEN_RUN = ("mlflow", "mlflow.store.tracking.sqlalchemy_store", "alembic", "matplotlib.pyplot")
+
+
+def preload() -> None:
+    """Import every module of the project (but a package's `__main__`, which runs its command)
+    and what a stage imports when it runs: for a process that forks task processes, the
+    Airflow scheduler (infra/deploy/airflow/config/airflow_local_settings.py), so that each
+    task starts with them."""
+    for root in PROJECT:
+        for m in pkgutil.walk_packages(import_module(root).__path__, f"{root}."):
+            if not m.name.endswith(".__main__"):
+                import_module(m.name)
+    for name in IMPORTED_WHEN_RUN:
+        import_module(name)
+
+
+__all__ = ["STAGES", "Stage", "preload", "stage"]

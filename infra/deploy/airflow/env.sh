@@ -11,5 +11,8 @@ export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=${DDLBENCH_AIRFLOW_DB:-sqlite:///$AIR
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT=${AIRFLOW__API__PORT:-8080}
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$AIRFLOW__API__PORT/execution/
+# Airflow's local settings (config/airflow_local_settings.py): the scheduler imports once
+# what every task imports.
+export PYTHONPATH=$_ddlbench_repo/infra/deploy/airflow/config${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$AIRFLOW_HOME"
 unset _ddlbench_repo
