@@ -4,12 +4,15 @@ pyproject.toml."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
+from importlib.metadata import packages_distributions, requires
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,8 +128,6 @@ PROJECT = ("infra", "training", "modelling", "pipelines", "dags")
 def _function_imports(root: Path = REPO) -> dict[str, set[str]]:
     """Per file, the project modules it imports inside a function (`from pipelines import steps`
     names `pipelines`)."""
-    import ast
-
     found: dict[str, set[str]] = {}
     for floor in PROJECT:
         for path in sorted((root / floor).rglob("*.py")):
@@ -174,8 +175,6 @@ def test_the_function_import_check_sees_every_form(tmp_path: Path) -> None:
 def _shims_and_private_imports(root: Path = REPO) -> list[str]:
     """A module `__getattr__` (a shim that keeps an old name alive) and a private name imported
     from another project module, as `path: what`."""
-    import ast
-
     found = []
     for floor in PROJECT:
         for path in sorted((root / floor).rglob("*.py")):
@@ -238,3 +237,55 @@ def test_a_package_importing_up_its_packages_layers_breaks_their_contract(tmp_pa
     assert len(expected) == 12  # measure 1; stages 1, report 3 (tracking beside it), tracking 3, spec 4
     missing = [line for line in expected if line not in done.stdout]
     assert missing == [], done.stdout[-3000:]
+
+
+# Declared, and used without an import statement of the project's: why.
+DECLARED_NOT_IMPORTED = {
+    "scikit-learn": "the digits data set's files, found with find_spec (training/datasets.py)",
+    "sqlalchemy": "pins the version MLflow and Airflow install together",
+    "asyncpg": "Airflow 3's driver for PostgreSQL, which it opens itself",
+    "psycopg2-binary": "the PostgreSQL driver of Airflow's and MLflow's stores",
+}
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _third_party_imports() -> set[str]:
+    """The top-level names of what the project's packages import from outside the standard
+    library and the project, at the top or in a function."""
+    floors = set(_floors())
+    used = set()
+    for floor in floors:
+        for path in (REPO / floor).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                used |= {n.split(".")[0] for n in names} - floors - set(sys.stdlib_module_names) - {"__future__"}
+    return used
+
+
+def test_every_package_imported_is_declared_and_every_declared_one_used() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = {k: v for k, v in project["optional-dependencies"].items() if k != "dev"}
+    declared = {_normal(re.split(r"[<>=!~\\[; ]", d)[0]) for d in
+                [*project["dependencies"], *(d for ds in extras.values() for d in ds)]}
+    providers = packages_distributions()
+    # A meta-distribution (apache-airflow) installs no module of its own: it stands for what it
+    # requires, and is used where one of those is.
+    own = {_normal(d) for ds in providers.values() for d in ds}
+    stands_for = {meta: {_normal(re.split(r"[<>=!~\\[; (]", r)[0]) for r in requires(meta) or []
+                         if "extra ==" not in r} for meta in declared - own}
+    covered = declared.union(*stands_for.values())
+    used = _third_party_imports()
+    undeclared = {top: providers.get(top) for top in used
+                  if not {_normal(d) for d in providers.get(top, [])} & covered}
+    assert undeclared == {}, "imported, not declared in pyproject.toml"
+    imported = {_normal(d) for top in used for d in providers.get(top, [])}
+    imported |= {meta for meta, reqs in stands_for.items() if reqs & imported}
+    assert declared - imported - set(DECLARED_NOT_IMPORTED) == set(), "declared, imported nowhere"
