@@ -143,11 +143,12 @@ class ASGDPlan(_PSBuilder):
     def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
         pulls: list[list[int]] = [[] for _ in self.mult]
         for k, s in itertools.product(self.active, range(self.servers)):
-            one = self.fab.asgd_pass(k, s, self.c.server_apply_s / self.servers)
+            served = self.fab.asgd_pass(k, s, self.c.server_apply_s / self.servers)
             kw = {"kind": "comm", "owner": self.owners[k], "step": t}
-            loop = comm_task(self.dag, f"push-apply-pull s{s}", one.serve_s, one.cpu_s,
-                             (*one.links, compute("server", s)), one.cpus, (packs[k],), absorbs=one.absorbs_s, **kw)
-            pulls[k].append(add_transfer(self.dag, f"pull s{s}", one.tail, (loop,), **kw))
+            loop = comm_task(self.dag, f"push-apply-pull s{s}", served.serve_s, served.cpu_s,
+                             (*served.links, compute("server", s)), served.cpus, (packs[k],),
+                             absorbs=served.absorbs_s, **kw)
+            pulls[k].append(add_transfer(self.dag, f"pull s{s}", served.tail, (loop,), **kw))
         return pulls
 
 

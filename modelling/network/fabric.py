@@ -331,6 +331,9 @@ class Fabric:
         Where the reply crosses a link, the shard goes back to receiving once its socket send
         has returned (`_reply_on_link`): the pass holds the push's links and the shard, and
         the reply's last part crosses the pull's links as its tail while the shard serves on.
+        The pass holds the push's links, not the pull's: a link the next pass held from its
+        start would keep this reply's tail waiting behind a whole push, where the shard's
+        loop, which sends only after it has received, is what orders the replies.
         Elsewhere the copies are the transfer and the pass holds it all, with its CPUs on one
         host; a push within a node that waited for the loop lay in the sockets' buffers
         meanwhile (`_push_in_buffers`), so the pass is that much sooner once it takes it."""
