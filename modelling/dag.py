@@ -79,6 +79,16 @@ def comm_task(
     return dag.add(name, cpu, links + cpus, deps, **kw)
 
 
+def after(dag: Dag, name: str, wait_s: float, tasks, **kw) -> int:
+    """The last of `tasks` to end, plus `wait_s`: a task that holds nothing. With no wait and
+    one task before it, it would add nothing, so that task is returned and the simulator
+    schedules one task fewer (a shard's pulls are most often in that shape)."""
+    before = tuple(tasks)
+    if wait_s == 0.0 and len(before) == 1:
+        return before[0]
+    return dag.add(name, wait_s, (), before, **kw)
+
+
 def add_transfer(dag: Dag, name: str, tr: Transfer, deps, **kw) -> int:
     """A transfer's tasks (modelling/network/fabric.py): its latency, which holds nothing, then its wire
     time on its links (its copying part on its CPUs too). The last of them."""

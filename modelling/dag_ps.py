@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from modelling.dag import Costs, Plan, add_transfer, comm_task
+from modelling.dag import Costs, Plan, add_transfer, after, comm_task
 from modelling.network.fabric import OWN_PULL, SENDS_RETURNED, SHARD_PULLS, Fabric, Resource, compute
 from modelling.simulate import Dag
 from training.config import Algorithm
@@ -84,8 +84,8 @@ class _SyncServer(_PSBuilder):
     def _shared(self, t: int, s: int, shard_pulls: list[int]) -> list[int]:
         """When each class's pull from shard s is back (Fabric.pull_ends): pulls that share a
         link end together, or in its queue's order."""
-        return [self.dag.add(f"pulled s{s}", end.wait_s, (), [shard_pulls[j] for j in end.after], kind="pulled",
-                             owner=f"server{s}", step=t) for end in self.fab.pull_ends(s)]
+        return [after(self.dag, f"pulled s{s}", end.wait_s, [shard_pulls[j] for j in end.after], kind="pulled",
+                      owner=f"server{s}", step=t) for end in self.fab.pull_ends(s)]
 
     def exchange(self, t: int, packs: dict[int, int]) -> list[list[int]]:
         pulls: list[list[int]] = [[] for _ in self.mult]
