@@ -83,7 +83,7 @@ def after(dag: Dag, name: str, wait_s: float, tasks, **kw) -> int:
     """The last of `tasks` to end, plus `wait_s`: a task that holds nothing. With no wait and
     one task before it, it would add nothing, so that task is returned and the simulator
     schedules one task fewer (a shard's pulls are most often in that shape)."""
-    before = tuple(tasks)
+    before = tuple(t for t in tasks if t is not None)  # a first step has no previous task
     if wait_s == 0.0 and len(before) == 1:
         return before[0]
     return dag.add(name, wait_s, (), before, **kw)
@@ -93,7 +93,7 @@ def add_transfer(dag: Dag, name: str, tr: Transfer, deps, **kw) -> int:
     """A transfer's tasks (modelling/network/fabric.py): its latency, which holds nothing, then its wire
     time on its links (its copying part on its CPUs too). The last of them."""
     if tr.latency_s > 0 or not (tr.links or tr.wire_s):
-        deps = (dag.add(name, tr.latency_s, (), deps, **kw),)
+        deps = (after(dag, name, tr.latency_s, deps, **kw),)
         if not (tr.links or tr.wire_s):
             return deps[0]
     return comm_task(dag, name, tr.wire_s, tr.cpu_s, tr.links, tr.cpus, deps, **kw)
