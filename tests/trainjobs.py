@@ -41,9 +41,17 @@ class Reference:
         return build_model(self.cfg.model, self.shape, self.train.num_classes)
 
     def grads(self, model: torch.nn.Module, step: int, rank: int) -> list[torch.Tensor]:
+        """The gradient a rank computes, at the rank's thread count: a reduction's order
+        follows the thread count, and a ReLU's or a max-pool's tie turns a one-ulp difference
+        into another gradient, which a few asynchronous updates grow past any tolerance."""
         x, y = self.train.batch(self.sampler.indices(step, rank))
         model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.cfg.threads)
+        try:
+            F.cross_entropy(model(x), y).backward()
+        finally:
+            torch.set_num_threads(threads)
         return [p.grad.detach().clone() for p in model.parameters()]
 
 
