@@ -22,7 +22,10 @@ if __name__ == "__main__":
         while time.process_time() < 0.5:
             pass
         seen["cpu_s"] = time.process_time()
-    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    # Written aside and renamed: the tests wait for the file to exist, then read it.
+    part = out / f".rank{rank}.json.part"
+    part.write_text(json.dumps(seen))
+    part.replace(out / f"rank{rank}.json")
     if action.startswith("exit:"):
         time.sleep(0.3)  # the others are running when this one fails
         sys.exit(int(action[5:]))
