@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infra.units import parse_bandwidth
 from modelling.measure.records import CommModelError
@@ -206,3 +209,44 @@ def test_an_older_comm_json_and_layer_table_are_migrated_in_one_place() -> None:
     assert CommCosts(old_model).transfer(2, 1)(1e6) == pytest.approx(ps["alpha_s"] + 1e6 * ps["beta_s_per_byte"])
     with pytest.raises(CommModelError, match=r"fits\.0\.alpha_s"):
         CommCosts({**old_model, "fits": [{**old_model["fits"][0], "alpha_s": "x"}]})
+
+
+def _world_rows(n: int, servers: int, rnd: random.Random) -> list[dict]:
+    """One world's comm.json rows as microbench_rank writes them: allreduce and p2p, a ps
+    round with its post and host-CPU figures, and ASGD passes with a figure per worker."""
+    rows = []
+    for m in SIZES[:4]:
+        def row(prim: str, w: int, s: int, t: float, m: int = m, **extra: object) -> dict:
+            return {"primitive": prim, "workers": w, "servers": s, "bytes": m, "median_s": t, "mean_s": t,
+                    "spread_s": 0.0, "times_s": [t], **extra}
+
+        rows.append(row("p2p", 2, 0, 20e-6 + m * 1e-9))  # alike in every file: the allreduce's beta reads it
+        if n > 1:
+            rows.append(row("allreduce", n, 0, 40e-6 + m * 2e-9 * rnd.uniform(0.9, 1.1), host_cpu_s=m * 1e-9))
+        rows.append(row("ps", n, servers, 50e-6 + m * n * 1e-9 * rnd.uniform(0.9, 1.1), post_s=1e-6,
+                        pull_lead_s=None, host_cpu_s=m * 2e-9))
+        passes = [60e-6 + m * 1e-9 * rnd.uniform(0.9, 1.1) for _ in range(n)]
+        rows.append(row("asgd", n, servers, statistics.median(passes), worker_mean_s=passes,
+                        reply_tail_s=[p / 10 for p in passes]))
+    return rows
+
+
+@settings(max_examples=30, deadline=None)
+@given(worlds=st.lists(st.integers(1, 6), min_size=2, max_size=3, unique=True), servers=st.integers(1, 3),
+       seed=st.integers(0, 1000))
+def test_comm_files_of_several_world_sizes_fit_as_each_alone(worlds: list[int], servers: int, seed: int) -> None:
+    """A grid of several world sizes merges their comm.json files (the pipeline's fit stage):
+    each world's fits, its per-worker ASGD figures too, are what that world's file alone gives."""
+    rnd = random.Random(seed)
+    files = {n: {"kind": "ddlbench-comm", "workers": n, "servers": servers,
+                 "measurements": _world_rows(n, servers, rnd)} for n in worlds}
+    merged = fit_comm({**files[worlds[0]], "measurements": [r for f in files.values() for r in f["measurements"]]})
+    for n, f in files.items():
+        alone = {(x["primitive"], x["workers"]): x for x in fit_comm(f)["fits"] if x["primitive"] != "p2p"}
+        together = {(x["primitive"], x["workers"]): x for x in merged["fits"] if x["workers"] == n
+                    and x["primitive"] != "p2p"}
+        assert together.keys() == alone.keys() and ("asgd", n) in alone
+        for key, x in alone.items():
+            for field in ("alpha_s", "beta_s_per_byte", "worker_mean_s", "reply_tail_s", "host_cpu_s", "post_s"):
+                assert together[key].get(field) == x.get(field), (key, field)
+        assert len(together[("asgd", n)]["worker_mean_s"]) == n

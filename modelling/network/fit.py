@@ -95,15 +95,19 @@ def _cost(row: dict[str, Any]) -> float:
 
 
 def _grouped(
-    comm: dict[str, Any], value: Callable[[dict[str, Any]], float | None] = _cost
+    comm: dict[str, Any], value: Callable[[dict[str, Any]], float | None] = _cost,
+    only: tuple[str, int, int] | None = None,
 ) -> dict[tuple[str, int, int], tuple[list[float], list[float]]]:
-    """Per (primitive, workers, servers): sizes ascending and each size's `value` (by default
-    its trimmed mean over repeats: the expected cost, which throughput pays), rows without
-    one left out. A size measured more than once (comm.json files merged from several world
-    sizes) counts once, as the median of its values."""
+    """Per (primitive, workers, servers), or for the one key `only`: sizes ascending and each
+    size's `value` (by default its trimmed mean over repeats: the expected cost, which
+    throughput pays), rows without one left out. A size measured more than once (comm.json
+    files merged from several world sizes) counts once, as the median of its values. `value`
+    sees only the rows of its key: a per-worker field has as many entries as that world."""
     raw: dict[tuple[str, int, int], dict[float, list[float]]] = {}
     for row in comm["measurements"]:
         key = (row["primitive"], int(row["workers"]), int(row["servers"]))
+        if only is not None and key != only:
+            continue
         v = value(row)
         if v is not None:
             raw.setdefault(key, {}).setdefault(float(row["bytes"]), []).append(float(v))
@@ -205,7 +209,7 @@ def _per_size(comm: dict[str, Any], value: Callable[[dict[str, Any]], float | No
     lacks it): a ps round's post_s, the time a worker took to post its sends and receives;
     an allreduce's or ps round's host_cpu_s, the host's CPU time for one (microbench_rank);
     one worker's ASGD pass."""
-    measured, values = _grouped(comm, value).get(key, ([], []))
+    measured, values = _grouped(comm, value, only=key).get(key, ([], []))
     return values if measured == sizes else None
 
 
