@@ -42,7 +42,7 @@ def one_run(spec: Path, sets: list[str], home: Path) -> dict[str, float]:
                           env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
     wall = time.monotonic() - t0
     if proc.returncode:
-        sys.exit(f"ddlbench run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        sys.exit(f"ddlbench run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id], max_results=5000)]
     parts: dict[str, float] = defaultdict(float)

@@ -166,3 +166,17 @@ def test_sync_abandoned_ends_only_the_runs_whose_owner_is_gone(tmp_path: Path) -
     assert {name: r.info.status for name, r in runs.items()} == {
         "profile": "FAILED", "k": "FAILED", "fit": "RUNNING", "kept": "RUNNING"}
     assert runs["profile"].data.tags[TAG_FAILURE] == f"run directory {run_dir} vanished mid-run"
+
+
+@pytest.mark.parametrize("stage", ["fit", "predict", None])
+def test_a_stage_that_crashes_is_named_in_its_line(stage: str | None) -> None:
+    """A stage that raises (a bug, not a refused input) gets one line naming it and the error."""
+    from rich.console import Console
+
+    from pipelines.cli.pipeline import _report
+
+    console = Console(record=True, width=60)
+    results: dict = {}
+    _report(console, IndexError("list index out of range"), results, stage)
+    line = console.export_text().strip()
+    assert line == (f"{stage} failed: " if stage else "") + "IndexError: list index out of range" and results == {}

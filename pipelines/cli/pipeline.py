@@ -99,11 +99,13 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
             progress.update(task, description=stage.name)
             return trained
 
+        current = None
         try:
             # One warm agent per node for every job of the run (infra/warm.py), stopped before
             # the teardown.
             with warm_agents():
                 for stage in (s for s in stages if not s.always and s.runs_in(ctx.suite)):
+                    current = stage.name
                     args = [results[n] for n in stage.needs]
                     if stage.mapped:
                         train_grid(stage, *args)
@@ -113,7 +115,7 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
                     progress.update(task, completed=1)
         except Exception as err:  # noqa: BLE001 - reported, then the run ends FAILED
             failed = True
-            _report(console, err, results)
+            _report(console, err, results, current)
         except BaseException:
             failed = True
             raise
@@ -125,7 +127,7 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
                     if disk_full(err) is None and not isinstance(err, RunDirGone):
                         raise
                     failed = True
-                    _report(console, err, results)
+                    _report(console, err, results, stage.name)
             outcome = next(s.name for s in stages if s.takes_outcome)
             done = results[outcome] = results.get(outcome) or _unfinished(ctx)
             if done["pending"] and "disk_full" in results:
@@ -142,9 +144,9 @@ def _run_stages(console: Any, ctx: Any, stages: list[Any]) -> tuple[dict[str, An
     return results, failed
 
 
-def _report(console: Any, err: Exception, results: dict[str, Any]) -> None:
-    """One line for a failed stage; a full disk names its path and space (pipelines/disk.py); a
-    vanished run directory is kept for the run's last line."""
+def _report(console: Any, err: Exception, results: dict[str, Any], stage: str | None) -> None:
+    """One line for a failed stage, which it names; a full disk names its path and space
+    (pipelines/disk.py); a vanished run directory is kept for the run's last line."""
     from rich.markup import escape
 
     if isinstance(err, RunDirGone):
@@ -153,7 +155,8 @@ def _report(console: Any, err: Exception, results: dict[str, Any]) -> None:
         results.setdefault("disk_full", str(full))
         console.print(f"[red]{escape(str(full))}[/]", soft_wrap=True)
     else:
-        console.print(f"[red]{type(err).__name__}: {escape(str(err))}[/]")
+        where = f"{stage} failed: " if stage else ""
+        console.print(f"[red]{where}{type(err).__name__}: {escape(str(err))}[/]", soft_wrap=True)
 
 
 def _vanished(err: RunDirGone) -> NoReturn:
