@@ -5,6 +5,7 @@ for the wire time where given (DESIGN §3). Fitting lives in modelling/network/f
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -309,6 +310,14 @@ def _local_linear(sizes: np.ndarray, times: np.ndarray, m: float, octaves: float
     average out the noise that a plain interpolation between two medians keeps."""
     if len(sizes) == 1:
         return float(times[0])
+    # A prediction asks the same few sizes of the same fit thousands of times (every transfer
+    # of every DAG it builds): each answer is a least-squares solve, so it is kept.
+    return _local_linear_at(tuple(sizes.tolist()), tuple(times.tolist()), float(m), octaves)
+
+
+@functools.lru_cache(maxsize=65536)
+def _local_linear_at(sizes_t: tuple[float, ...], times_t: tuple[float, ...], m: float, octaves: float) -> float:
+    sizes, times = np.asarray(sizes_t), np.asarray(times_t)
     dist = (np.log2(sizes) - np.log2(max(m, 1.0))) / octaves
     w = np.exp(-0.25 * dist**2) / np.maximum(times, 1e-12)  # sqrt of the Gaussian weight
     coef, *_ = np.linalg.lstsq(np.stack([np.ones_like(sizes), sizes], axis=1) * w[:, None], times * w, rcond=None)
