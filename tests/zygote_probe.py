@@ -22,7 +22,8 @@ if __name__ == "__main__":
         while time.process_time() < 0.5:
             pass
         seen["cpu_s"] = time.process_time()
-    # Written aside and renamed: the tests wait for the file to exist, then read it.
+    # Written aside and renamed (the tests wait for the file to exist, then read it); by hand, not
+    # pipelines' write_json: the probe imports nothing of the project, as `warm` reports what is loaded.
     part = out / f".rank{rank}.json.part"
     part.write_text(json.dumps(seen))
     part.replace(out / f"rank{rank}.json")
