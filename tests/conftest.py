@@ -10,13 +10,16 @@ stay green.
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import socket
 from collections.abc import Callable
 from functools import cache
 
 import psutil
 import pytest
+from _pytest.mark.expression import Expression
 from hypothesis import settings
 
 # Hypothesis without its 200 ms deadline per example, in one place for the whole suite: the
@@ -79,6 +82,31 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def may_select_slow(markexpr: str) -> bool:
+    """Whether a `-m` expression can select a test marked slow: true for some choice of the other
+    marks it names with `slow` set. One it cannot read, or one naming many marks, counts as yes."""
+    if not markexpr.strip():
+        return True
+    try:
+        expression = Expression.compile(markexpr)
+    except SyntaxError:
+        return True
+    others = sorted(set(re.findall(r"[A-Za-z_][\w.]*", markexpr)) - {"and", "or", "not", "slow"})
+    if len(others) > 8:
+        return True
+    choices = (frozenset(c) | {"slow"} for k in range(len(others) + 1) for c in itertools.combinations(others, k))
+    return any(expression.evaluate(lambda name, /, marks=marks, **_: name in marks) for marks in choices)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (scripts/test.sh): a selection without slow tests spreads over the CPUs; one that
+    may hold a slow test stays in one process, because those tests time real jobs on this host and
+    a second worker's load would be in their figures."""
+    if may_select_slow(config.option.markexpr or ""):
+        return 0
+    return min(len(os.sched_getaffinity(0)), 8)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs a service CI starts (all but root) belongs to the whole suite: the tier
     for a change (`-m "not slow"`) runs with no service, under CI=true too."""
@@ -118,6 +146,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
             and not t.daemon]
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return  # a worker's last report to its controller may still be in flight
     if left or not _exit_status:
         if left:
             sys.stderr.write(f"tests/conftest.py: threads still running at the end: {left}\n")

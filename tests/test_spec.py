@@ -113,7 +113,14 @@ def _set(values: dict, dotted: str, value: object) -> dict:
     return out
 
 
-_DELETE = object()
+class _Deleted:
+    """The field removed from the spec (a stable repr keeps the test ids the same in every process)."""
+
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+_DELETE = _Deleted()
 
 # (change to the smoke spec, text the error must contain: the field and the bad value)
 MALFORMED = [
