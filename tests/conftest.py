@@ -80,39 +80,62 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "needs_service(name, check): needs a service CI starts; skips outside CI, fails under CI"
     )
+    config.addinivalue_line(
+        "markers", "alone: reads the timings of real jobs, or loads the host on purpose: no other test runs "
+        "beside it (scripts/test.sh); slow too"
+    )
 
 
-def may_select_slow(markexpr: str) -> bool:
-    """Whether a `-m` expression can select a test marked slow: true for some choice of the other
-    marks it names with `slow` set. One it cannot read, or one naming many marks, counts as yes."""
+def may_select(markexpr: str, marks: frozenset[str]) -> bool:
+    """Whether a `-m` expression can select a test that carries every one of `marks`: true for
+    some choice of the other marks it names. One it cannot read, or one naming many marks, counts
+    as yes."""
     if not markexpr.strip():
         return True
     try:
         expression = Expression.compile(markexpr)
     except SyntaxError:
         return True
-    others = sorted(set(re.findall(r"[A-Za-z_][\w.]*", markexpr)) - {"and", "or", "not", "slow"})
+    others = sorted(set(re.findall(r"[A-Za-z_][\w.]*", markexpr)) - {"and", "or", "not"} - marks)
     if len(others) > 8:
         return True
-    choices = (frozenset(c) | {"slow"} for k in range(len(others) + 1) for c in itertools.combinations(others, k))
-    return any(expression.evaluate(lambda name, /, marks=marks, **_: name in marks) for marks in choices)
+    choices = (frozenset(c) | marks for k in range(len(others) + 1) for c in itertools.combinations(others, k))
+    return any(expression.evaluate(lambda name, /, chosen=chosen, **_: name in chosen) for chosen in choices)
+
+
+# A test marked `alone` is slow too (pytest_collection_modifyitems), so a selection holds one
+# only if it can hold a test with both marks.
+ALONE = frozenset({"alone", "slow"})
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto` (scripts/test.sh): a selection without slow tests spreads over the CPUs; one that
-    may hold a slow test stays in one process, because those tests time real jobs on this host and
-    a second worker's load would be in their figures."""
-    if may_select_slow(config.option.markexpr or ""):
+    """`-n auto` (scripts/test.sh): a selection without a test marked `alone` spreads over the CPUs;
+    one that may hold such a test stays in one process, because that test reads the timings of real
+    jobs on this host (or loads it on purpose), and a second worker's load would be in its figures."""
+    if may_select(config.option.markexpr or "", ALONE):
         return 0
     return min(len(os.sched_getaffinity(0)), 8)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs a service CI starts (all but root) belongs to the whole suite: the tier
-    for a change (`-m "not slow"`) runs with no service, under CI=true too."""
+    for a change (`-m "not slow"`) runs with no service, under CI=true too. A test marked `alone`
+    is slow. Beside another worker (`--dist loadgroup`) a slow test runs with its module's tests,
+    which share the module's fixtures; the modules that use one service CI starts (PostgreSQL, the
+    SLURM clusters) run one after another, on one worker: a cluster's nodes and a database
+    server's connections are shared."""
+    services: dict[str, set[str]] = {}
     for item in items:
-        if any(m.args[0] != "root" for m in item.iter_markers("needs_service")):
+        needs = {m.args[0] for m in item.iter_markers("needs_service") if m.args[0] != "root"}
+        services.setdefault(item.module.__name__ if item.module else "", set()).update(needs)
+        if needs or item.get_closest_marker("alone"):
             item.add_marker(pytest.mark.slow)
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("alone"):
+            module = item.module.__name__ if item.module else ""
+            group = "service" if services.get(module) else module
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

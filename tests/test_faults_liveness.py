@@ -98,6 +98,7 @@ def test_a_cancel_ends_a_running_job(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the time to notice the stop
 @pytest.mark.faults
 def test_a_stopped_asgd_worker_ends_the_job_though_no_peer_waits_for_it(tmp_path):
     """ASGD: the other worker trains on against the shard and no step waits for the stopped

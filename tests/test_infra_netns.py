@@ -192,6 +192,7 @@ def test_ddlbench_cleanup_removes_a_dead_owners_cluster_and_leaves_a_live_one():
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a measured bandwidth
 @pytest.mark.netns
 @needs_root
 def test_allreduce_bandwidth_matches_the_shaped_rate(tmp_path):
@@ -254,6 +255,7 @@ def test_algorithms_train_across_nodes(tmp_path, algorithm, comm, workers, serve
 
 @pytest.mark.faults
 @pytest.mark.slow
+@pytest.mark.alone  # the time to notice the lost node
 @pytest.mark.netns
 @needs_root
 def test_a_node_dropping_off_the_network_fails_the_job_in_bounded_time(tmp_path):

@@ -382,6 +382,7 @@ def _assert_paced_by_the_link(summary: dict, what: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a measured bandwidth
 @needs_multi
 def test_allreduce_across_two_slurm_nodes_crosses_the_shaped_link(tmp_path):
     """2 workers, one per node, a batch job of their own: the ring's bytes cross the link."""

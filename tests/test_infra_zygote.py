@@ -93,6 +93,7 @@ def test_a_failed_rank_stops_the_others_and_the_summary_names_every_rank(
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a bound of a second past the grace
 def test_a_rank_that_fails_with_the_others_stopped_within_the_grace(tmp_path: Path) -> None:
     job = _job(tmp_path, ["sleep", "sleep", "exit:2"])
     while not all((tmp_path / f"rank{r}.json").exists() for r in range(3)):

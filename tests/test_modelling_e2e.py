@@ -43,6 +43,7 @@ def test_profile_refuses_bad_input() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # predicted against measured iterations
 @pytest.mark.timeout(600)
 def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
     import torch
@@ -130,6 +131,7 @@ def test_real_profile_microbench_and_validation_on_two_ranks(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # predicted against measured iterations
 @pytest.mark.timeout(1500)
 def test_a_reduced_validation_spec_end_to_end_through_ddlbench_run(tmp_path) -> None:
     """specs/validation/onehost-lenet5.yaml, reduced (2 algorithms, 2 repeats, 2 pooled rounds),

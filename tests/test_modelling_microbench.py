@@ -15,6 +15,7 @@ from tests.clock_probe import LATE_S
 
 
 @pytest.mark.slow  # a torchrun job
+@pytest.mark.alone  # the ranks' clock stamps
 def test_an_operation_is_timed_from_its_last_ranks_arrival_on_one_clock(tmp_path):
     job = Job("tests.clock_probe", [str(tmp_path)], world_size=3, log_path=tmp_path / "log", timeout_s=120)
     result = LocalProvider().run(job)
@@ -34,6 +35,7 @@ def test_an_operation_is_timed_from_its_last_ranks_arrival_on_one_clock(tmp_path
 
 
 @pytest.mark.slow  # two microbenchmark jobs
+@pytest.mark.alone  # the host's CPU time per round
 def test_the_hosts_cpu_per_round_is_read_only_where_the_model_uses_it(tmp_path):
     """On loopback the model holds a transfer's copying on the ranks' CPUs and never reads the
     host's CPU per round, so the microbenchmark does not spend its half-second loops on it;

@@ -27,6 +27,7 @@ from tests.conftest import needs_root
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone,  # measured against predicted iterations and link rates
     pytest.mark.netns,
     needs_root,
 ]

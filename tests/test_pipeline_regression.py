@@ -318,6 +318,7 @@ def _client(home: Path) -> tuple[Any, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the regression check reads the runs' timings
 @pytest.mark.timeout(900)
 def test_an_injected_slowdown_raises_the_alarm_confirmed_by_its_rerun_and_an_aa_rerun_does_not(e2e: Any) -> None:
     import json
@@ -407,6 +408,7 @@ def _iteration_s(report: dict[str, Any]) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the regression check reads the runs' timings
 @pytest.mark.timeout(900)
 def test_a_real_30_percent_slowdown_alarms_and_its_rerun_confirms_it(e2e: Any) -> None:
     """train.inject_delay_ms sleeps in every iteration: 0.3 / 0.7 of the history's iteration time
@@ -434,6 +436,7 @@ def test_a_real_30_percent_slowdown_alarms_and_its_rerun_confirms_it(e2e: Any) -
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the regression check reads the runs' timings
 @pytest.mark.timeout(900)
 def test_a_host_wide_load_is_no_regression_of_the_workloads(e2e: Any) -> None:
     """CPU burners (4 per core) through the whole run slow the host for every workload: the

@@ -19,7 +19,7 @@ from pipelines.report import regression_components as rc
 from pipelines.report.regression_stats import repeat_figures, run_level
 from tests.trainjobs import run_job
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # real runs' timings, and a host loaded on purpose
 
 # A GPT of a shape no other test trains, on the Markov chain: 2 workers, SSGD over allreduce.
 JOB = {"model": "gpt-tiny", "dataset": "markov", "n_layer": 2, "d_model": 40, "n_head": 2, "seq_len": 24,

@@ -149,6 +149,7 @@ def test_inject_where_is_an_injected_option() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a layer's measured time
 def test_a_layer_injection_in_a_real_job_grows_that_layer_in_the_insitu_table(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers (DDP) of mobilenet_v3_small at 3x32x32, a parameter-owning layer drawn by a
