@@ -2,10 +2,10 @@
 # Set up, then run the whole test suite (slow real-cluster tests included); arguments go to
 # pytest (`-m "not slow"`: the tier for a change). Prints the tests' wall time at the end.
 #
-# Tests run on every CPU (pytest-xdist, `-n auto --dist loadgroup`) unless the selection may hold
+# Tests run on every CPU (pytest-xdist, `-n auto`) unless the selection may hold
 # a test marked `alone`, which reads the timings of real jobs: then one process runs them all
 # (tests/conftest.py decides from `-m`). With no arguments the suite runs in three parts: the
-# tier for a change, then the other slow tests (a module's on one worker), on every CPU; then the
+# tier for a change, then the other slow tests (a module at a time), on every CPU; then the
 # tests marked alone, one at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ start=$(date +%s)
 rc=0
 pytest() {
   local part=$(date +%s) code=0
-  .venv/bin/python -m pytest -n auto --dist loadgroup "$@" || code=$?
+  .venv/bin/python -m pytest -n auto "$@" || code=$?
   echo "scripts/test.sh: pytest $* took $(( $(date +%s) - part )) s wall, exit $code"
   [ "$rc" -ne 0 ] || rc=$code
 }
@@ -23,8 +23,8 @@ if [ $# -eq 0 ]; then
   pytest -m "not slow"
   pytest -m "slow and not alone"
   pytest -m "alone"
+  echo "scripts/test.sh: pytest (the whole suite) took $(( $(date +%s) - start )) s wall, exit $rc"
 else
   pytest "$@"
 fi
-echo "scripts/test.sh: pytest ${*:-(the whole suite)} took $(( $(date +%s) - start )) s wall, exit $rc"
 exit $rc

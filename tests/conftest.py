@@ -10,12 +10,16 @@ stay green.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import os
 import re
 import socket
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from functools import cache
+from pathlib import Path
 
 import psutil
 import pytest
@@ -111,9 +115,14 @@ ALONE = frozenset({"alone", "slow"})
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (scripts/test.sh): a selection without a test marked `alone` spreads over the CPUs;
     one that may hold such a test stays in one process, because that test reads the timings of real
-    jobs on this host (or loads it on purpose), and a second worker's load would be in its figures."""
-    if may_select(config.option.markexpr or "", ALONE):
+    jobs on this host (or loads it on purpose), and a second worker's load would be in its figures.
+    Slow tests go to the workers a module at a time, so its fixtures (a deployment, a cluster, a
+    history of runs) are built once; the others a test at a time."""
+    markexpr = config.option.markexpr or ""
+    if may_select(markexpr, ALONE):
         return 0
+    if config.option.dist == "no":  # no --dist given: a module's slow tests share its fixtures
+        config.option.dist = "loadfile" if may_select(markexpr, frozenset({"slow"})) else "worksteal"
     return min(len(os.sched_getaffinity(0)), 8)
 
 
@@ -121,21 +130,53 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs a service CI starts (all but root) belongs to the whole suite: the tier
     for a change (`-m "not slow"`) runs with no service, under CI=true too. A test marked `alone`
-    is slow. Beside another worker (`--dist loadgroup`) a slow test runs with its module's tests,
-    which share the module's fixtures; the modules that use one service CI starts (PostgreSQL, the
-    SLURM clusters) run one after another, on one worker: a cluster's nodes and a database
-    server's connections are shared."""
-    services: dict[str, set[str]] = {}
+    is slow."""
     for item in items:
-        needs = {m.args[0] for m in item.iter_markers("needs_service") if m.args[0] != "root"}
-        services.setdefault(item.module.__name__ if item.module else "", set()).update(needs)
-        if needs or item.get_closest_marker("alone"):
+        if _services(item) - {"root"} or item.get_closest_marker("alone"):
             item.add_marker(pytest.mark.slow)
-    for item in items:
-        if item.get_closest_marker("slow") and not item.get_closest_marker("alone"):
-            module = item.module.__name__ if item.module else ""
-            group = "service" if services.get(module) else module
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _services(node: pytest.Item) -> set[str]:
+    return {m.args[0] for m in node.iter_markers("needs_service")}
+
+
+# --- tests that share the host with another worker's ---------------------------------------
+# On several workers (scripts/test.sh) two kinds of test take turns, each holding a lock the
+# workers share (a file lock in a directory named by xdist's run id):
+# - a test that needs root: every netns provisioning sweeps the clusters whose owner is gone
+#   (infra/netns.py), so a test that checks its own sweep removed a dead cluster would find
+#   another test's sweep had;
+# - a module that uses a service CI starts (PostgreSQL, the SLURM clusters), for as long as its
+#   fixtures live: a cluster's nodes and a database server's connections are shared.
+# Tests marked `alone` run in a process of their own, after the others.
+
+@contextlib.contextmanager
+def _turn(name: str) -> Iterator[None]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: nothing beside it
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / f"ddlbench-test-turns-{run}"
+    folder.mkdir(exist_ok=True)
+    with open(folder / name, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    with _turn("root") if "root" in _services(item) else contextlib.nullcontext():
+        return (yield)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _a_service_modules_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Set up before the module's other fixtures and torn down after them."""
+    if any(_services(item) - {"root"} for item in request.session.items if item.module is request.module):
+        with _turn("service"):
+            yield
+    else:
+        yield
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
