@@ -2,11 +2,10 @@
 # Set up, then run the whole test suite (slow real-cluster tests included); arguments go to
 # pytest (`-m "not slow"`: the tier for a change). Prints the tests' wall time at the end.
 #
-# Tests run on every CPU (pytest-xdist, `-n auto`) unless the selection may hold
-# a test marked `alone`, which reads the timings of real jobs: then one process runs them all
-# (tests/conftest.py decides from `-m`). With no arguments the suite runs in three parts: the
-# tier for a change, then the other slow tests (a module at a time), on every CPU; then the
-# tests marked alone, one at a time.
+# Tests run on every CPU (pytest-xdist, `-n auto`) unless the selection may hold a test marked
+# `alone`, which reads the timings of real jobs: then one process runs them all (tests/conftest.py
+# decides from `-m`). With no arguments the suite runs in two parts: the tier for a change on
+# every CPU, then the slow tests in one process (docs/testing.md says why not yet two at a time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -21,8 +20,7 @@ pytest() {
 }
 if [ $# -eq 0 ]; then
   pytest -m "not slow"
-  pytest -m "slow and not alone"
-  pytest -m "alone"
+  pytest -m slow
   echo "scripts/test.sh: pytest (the whole suite) took $(( $(date +%s) - start )) s wall, exit $rc"
 else
   pytest "$@"
