@@ -126,13 +126,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(len(os.sched_getaffinity(0)), 8)
 
 
+# The modules with a test that needs a service CI starts (`_a_service_modules_turn`).
+_SERVICE_MODULES = pytest.StashKey[set[str]]()
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that needs a service CI starts (all but root) belongs to the whole suite: the tier
     for a change (`-m "not slow"`) runs with no service, under CI=true too. A test marked `alone`
     is slow."""
+    config.stash[_SERVICE_MODULES] = set()
     for item in items:
-        if _services(item) - {"root"} or item.get_closest_marker("alone"):
+        needs_a_service = bool(_services(item) - {"root"})
+        if needs_a_service:
+            config.stash[_SERVICE_MODULES].add(item.module.__name__)
+        if needs_a_service or item.get_closest_marker("alone"):
             item.add_marker(pytest.mark.slow)
 
 
@@ -172,7 +180,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.fixture(scope="module", autouse=True)
 def _a_service_modules_turn(request: pytest.FixtureRequest) -> Iterator[None]:
     """Set up before the module's other fixtures and torn down after them."""
-    if any(_services(item) - {"root"} for item in request.session.items if item.module is request.module):
+    if request.module.__name__ in request.config.stash.get(_SERVICE_MODULES, set()):
         with _turn("service"):
             yield
     else:
@@ -208,10 +216,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import sys
     import threading
 
-    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
-            and not t.daemon]
     if "PYTEST_XDIST_WORKER" in os.environ:
         return  # a worker's last report to its controller may still be in flight
+    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
+            and not t.daemon]
     if left or not _exit_status:
         if left:
             sys.stderr.write(f"tests/conftest.py: threads still running at the end: {left}\n")
